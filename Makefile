@@ -1,0 +1,51 @@
+# Each target sets itself up on a new Debian machine (root, Python 3.11, PyPI + Debian mirrors).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+export DEBIAN_FRONTEND := noninteractive
+
+.PHONY: help deps sshd demo test lint typecheck pytest bench lab-down clean
+
+help:
+	@echo "make demo   - start the lab fleet and run the main job on it"
+	@echo "make test   - ruff, mypy and the whole pytest suite (lab end-to-end tests included)"
+	@echo "make bench  - benchmarks, side by side with peers"
+
+$(STAMP):
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+deps: $(STAMP) sshd
+
+# The lab hosts are real OpenSSH servers; the tests drive them with the real ssh client too.
+sshd:
+	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null; then \
+	  echo "installing openssh-server, openssh-client, util-linux"; \
+	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux >/dev/null; \
+	fi
+
+demo: deps
+	bash scripts/demo.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check fleetctl tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: deps
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: deps
+	$(BIN)/python bench/run.py
+
+lab-down: $(STAMP)
+	$(BIN)/fleetctl lab down --dir .fleetctl/lab
+
+clean:
+	-$(BIN)/fleetctl lab down --dir .fleetctl/lab
+	rm -rf $(VENV) .fleetctl .cache .mypy_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""What every command gets through ``ctx.obj``: global options, the inventory loaded once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import InputError
+
+if TYPE_CHECKING:
+    from fleetctl.inventory import Host, Inventory
+    from fleetctl.transport.fleet import Fleet
+
+
+@dataclass
+class AppContext:
+    inventory_path: str | None
+    limit: str | None
+    forks: int
+    json: bool
+    verbose: int
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    _inventory: Inventory | None = None
+
+    @property
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            if not self.inventory_path:
+                raise InputError("no inventory: pass -i PATH or set FLEETCTL_INVENTORY")
+            from fleetctl.inventory import load_inventory
+
+            self._inventory = load_inventory(self.inventory_path, self.extra_vars)
+        return self._inventory
+
+    def selected_hosts(self, limit: str | None = None) -> list[Host]:
+        return self.inventory.select(limit if limit is not None else self.limit)
+
+    def fleet(self, limit: str | None = None) -> Fleet:
+        from fleetctl.transport.fleet import Fleet, RunSettings
+
+        settings = RunSettings(forks=self.forks, command_timeout=self.timeout)
+        return Fleet(self.inventory, self.selected_hosts(limit), settings)

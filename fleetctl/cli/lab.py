@@ -1,0 +1,82 @@
+"""`fleetctl lab up|status|down`: a fleet of real SSH hosts on this machine, for tests and demos."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from fleetctl.errors import ExitCode
+from fleetctl.lab import LabHostStatus, lab_down, lab_status, lab_up
+
+DEFAULT_DIR = Path(".fleetctl/lab")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _dir_option(func: F) -> F:
+    option = click.option(
+        "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR,
+        show_default=True, help="Folder holding the lab's keys, inventory and per-host files.",
+    )
+    return option(func)
+
+
+def _table(statuses: Sequence[LabHostStatus]) -> str:
+    rows = [("HOST", "ADDRESS", "PID", "STATE", "WHY")]
+    rows += [(s.name, s.address, str(s.pid or "-"), s.state, s.why) for s in statuses]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    )
+
+
+@click.group(name="lab")
+def lab() -> None:
+    """Run N real OpenSSH hosts (lab1..labN) on this machine, each in its own namespaces."""
+
+
+@lab.command("up")
+@click.option("--hosts", "-n", "hosts", type=click.IntRange(1, 254), default=4, show_default=True,
+              help="How many hosts (lab1..labN).")
+@_dir_option
+@click.option("--base-address", default="127.0.1.0", show_default=True,
+              help="Host N listens on this address plus N (inside 127.0.0.0/8), port 22.")
+def up(hosts: int, directory: Path, base_address: str) -> None:
+    """Start the lab (idempotent); the last line printed is the inventory path."""
+    fleet = lab_up(hosts, directory, base_address)
+    click.echo(_table(fleet.hosts))
+    kept = len(fleet.hosts) - len(fleet.started)
+    click.echo(f"{len(fleet.started)} started, {kept} already up, in {fleet.elapsed_s:.2f}s; "
+               f"client key {fleet.key_path}, host keys pinned in {fleet.known_hosts_path}")
+    click.echo(str(fleet.inventory_path))
+
+
+@lab.command("status")
+@_dir_option
+@click.pass_context
+def status(ctx: click.Context, directory: Path) -> None:
+    """Show each host: up (our sshd answers on its address) or down, with why."""
+    statuses = lab_status(directory)
+    if not statuses:
+        click.echo(f"no lab in {directory}")
+        ctx.exit(ExitCode.BAD_ANSWER)
+    click.echo(_table(statuses))
+    if any(s.state != "up" for s in statuses):
+        ctx.exit(ExitCode.BAD_ANSWER)
+
+
+@lab.command("down")
+@_dir_option
+@click.option("--purge", is_flag=True, help="Also delete the folder (keys, inventory, host files).")
+def down(directory: Path, purge: bool) -> None:
+    """Stop exactly the sshd processes this lab started; keep the folder unless --purge."""
+    statuses = lab_down(directory, purge=purge)
+    if statuses:
+        click.echo(_table(statuses))
+    else:
+        click.echo(f"no lab in {directory}")
+    if purge:
+        click.echo(f"removed {directory}")

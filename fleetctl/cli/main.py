@@ -1,0 +1,82 @@
+"""The ``fleetctl`` group: global options, and errors turned into one line and an exit code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import click
+
+from fleetctl import __version__
+from fleetctl.cli import options
+from fleetctl.cli.adhoc import facts, ping, shell
+from fleetctl.cli.context import AppContext
+from fleetctl.cli.hosts import hosts
+from fleetctl.cli.lab import lab
+from fleetctl.errors import ExitCode, FleetError
+
+
+@click.group(context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
+@click.option("-i", "--inventory", "inventory_path", envvar="FLEETCTL_INVENTORY", metavar="PATH",
+              help="Inventory file (Ansible YAML format). Env: FLEETCTL_INVENTORY.")
+@click.option("-l", "--limit", metavar="PATTERN", help="Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+'.")
+@click.option("-f", "--forks", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="Hosts worked on in parallel.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("-e", "--extra-vars", "extra_vars", multiple=True, metavar="KEY=VALUE|@FILE",
+              callback=options.parse_extra_vars, help="Variables that override the inventory's.")
+@click.option("-T", "--timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
+              help="Per-command timeout in seconds.")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+@click.version_option(__version__, prog_name="fleetctl")
+@click.pass_context
+def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks: int, as_json: bool,
+        extra_vars: dict[str, object], timeout: float, verbose: int) -> None:
+    """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if verbose < 2:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
+
+
+for command in (hosts, ping, shell, facts, lab):
+    cli.add_command(command)
+
+
+def _crash_log() -> Path:
+    folder = Path(os.environ.get("FLEETCTL_LOG_DIR", "~/.cache/fleetctl")).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text(traceback.format_exc())
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every expected error is one line on stderr; the exit code says what happened."""
+    try:
+        rv = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:  # usage errors are input errors: exit 3, not click's 2
+        exc.show()
+        return int(ExitCode.USAGE)
+    except click.Abort:
+        click.echo("fleetctl: aborted", err=True)
+        return 130
+    except FleetError as exc:
+        click.echo(f"fleetctl: error: {exc}", err=True)
+        return int(exc.exit_code)
+    except Exception as exc:
+        click.echo(f"fleetctl: internal error: {type(exc).__name__}: {exc} (traceback in {_crash_log()})",
+                   err=True)
+        return int(ExitCode.INTERNAL)
+    return int(rv or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

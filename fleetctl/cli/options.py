@@ -1,0 +1,66 @@
+"""Options and parsing shared by several commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from fleetctl.errors import ExitCode
+from fleetctl.transport.base import HostResult
+
+
+def parse_extra_vars(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    """``-e key=value`` (value parsed as YAML scalar) or ``-e @vars.yml``, later ones win."""
+    out: dict[str, Any] = {}
+    for item in values:
+        if item.startswith("@"):
+            path = Path(item[1:])
+            try:
+                data = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                raise click.BadParameter(f"{path}: {exc}") from None
+            if not isinstance(data, dict):
+                raise click.BadParameter(f"{path}: expected a mapping of variables")
+            out.update(data)
+        elif "=" in item:
+            key, _, value = item.partition("=")
+            out[key.strip()] = yaml.safe_load(value) if value else ""
+        else:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE or @FILE")
+    return out
+
+
+def exit_code_for(results: dict[str, HostResult[Any]]) -> int:
+    """0 when every host is ok, 2 when any host failed or was unreachable."""
+    return int(ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.HOST_FAILED)
+
+
+venv_option = click.option("--venv", metavar="PATH", help="The venv to inspect (default: each host's `venv` var).")
+
+
+def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_object(_app_type()).limit = value
+
+
+def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(_app_type()).json = True
+
+
+def _app_type() -> type:
+    from fleetctl.cli.context import AppContext
+
+    return AppContext
+
+
+def host_options(fn: Any) -> Any:
+    """``-l`` and ``--json`` accepted after the command too (``fleetctl hosts -l gpu --json``)."""
+    fn = click.option("-l", "--limit", metavar="PATTERN", expose_value=False, callback=_set_limit,
+                      help="Host pattern (overrides the global -l).")(fn)
+    fn = click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
+                      help="Print one JSON document.")(fn)
+    return fn

@@ -1,0 +1,85 @@
+"""One error root, translated once at the CLI boundary into a line and an exit code."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What the process exit status means (see README)."""
+
+    OK = 0
+    BAD_ANSWER = 1  # the answer is "bad": drift found, an expectation failed
+    HOST_FAILED = 2  # some hosts failed or were unreachable
+    USAGE = 3  # usage or input error
+    INTERNAL = 4  # a bug in fleetctl: traceback written to a log file
+
+
+class FleetError(Exception):
+    """Root of every error fleetctl expects and explains in one line."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+
+class InputError(FleetError):
+    """Bad input from a file or the command line; the message names the file and line."""
+
+
+class InventoryError(InputError):
+    """The inventory, its group_vars/host_vars, or a host pattern is wrong."""
+
+
+class PatternError(InventoryError):
+    """A host pattern matched nothing or is malformed."""
+
+
+class LabError(FleetError):
+    """The lab fleet could not be created, checked or stopped."""
+
+    exit_code = ExitCode.HOST_FAILED
+
+
+class HostError(FleetError):
+    """Something went wrong on one host; carries the host name."""
+
+    exit_code = ExitCode.HOST_FAILED
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(f"{host}: {message}")
+        self.host = host
+        self.reason = message
+
+
+class ConnectError(HostError):
+    """The host could not be reached or authenticated (its result is 'unreachable')."""
+
+
+class HostKeyError(ConnectError):
+    """The host's key is unknown or changed: refused, never accepted silently."""
+
+
+class CommandError(HostError):
+    """A remote command exited non-zero or timed out (its result is 'failed')."""
+
+    def __init__(self, host: str, command: str, exit_code: int | None, stderr_tail: str) -> None:
+        what = "timed out" if exit_code is None else f"exited {exit_code}"
+        detail = f": {stderr_tail.strip()}" if stderr_tail.strip() else ""
+        super().__init__(host, f"`{command}` {what}{detail}")
+        self.command = command
+        self.rc = exit_code
+        self.stderr_tail = stderr_tail
+
+
+class AgentError(HostError):
+    """The remote agent died or broke its protocol."""
+
+
+class RemoteOperationError(HostError):
+    """A remote operation raised on the host; the agent survives and says why."""
+
+    def __init__(self, host: str, op: str, etype: str, message: str, traceback: str = "") -> None:
+        super().__init__(host, f"{op}: {etype}: {message}")
+        self.op = op
+        self.etype = etype
+        self.remote_message = message
+        self.remote_traceback = traceback

@@ -1,0 +1,133 @@
+"""The lab's on-disk layout and its state file (lab.json): pure data, no processes."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fleetctl.errors import LabError
+
+STATE_VERSION = 1
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+# Paths each lab host gets privately, and the per-host folder bound over each.
+PRIVATE_MOUNTS: tuple[tuple[str, str], ...] = (
+    ("root", "/root"),
+    ("opt", "/opt"),
+    ("srv", "/srv"),
+    ("var-lib-fleetctl", "/var/lib/fleetctl"),
+)
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    """Where everything of one lab lives under its folder."""
+
+    directory: Path
+
+    @property
+    def state(self) -> Path:
+        return self.directory / "lab.json"
+
+    @property
+    def inventory(self) -> Path:
+        return self.directory / "inventory.yml"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.directory / "known_hosts"
+
+    @property
+    def client_key(self) -> Path:
+        return self.directory / "id_ed25519"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / ".lock"
+
+    def host_dir(self, name: str) -> Path:
+        return self.directory / "hosts" / name
+
+    def host_key(self, name: str) -> Path:
+        return self.host_dir(name) / "ssh_host_ed25519_key"
+
+    def sshd_config(self, name: str) -> Path:
+        return self.host_dir(name) / "sshd_config"
+
+    def sshd_log(self, name: str) -> Path:
+        return self.host_dir(name) / "sshd.log"
+
+
+@dataclass
+class LabHost:
+    """One host as recorded in lab.json; pid 0 means never started or stopped."""
+
+    name: str
+    address: str
+    pid: int = 0
+
+
+@dataclass
+class LabState:
+    """The whole of lab.json."""
+
+    base_address: str
+    hosts: list[LabHost] = field(default_factory=list)
+
+    def host(self, name: str) -> LabHost:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        known = ", ".join(h.name for h in self.hosts) or "none"
+        raise LabError(f"no lab host named {name!r} (hosts: {known})")
+
+
+def resolve_dir(directory: Path | str) -> Path:
+    """An absolute lab folder that is not hidden by a host's own private mounts."""
+    path = Path(directory).expanduser().absolute()
+    for _, target in PRIVATE_MOUNTS:
+        if path == Path(target) or Path(target) in path.parents:
+            raise LabError(f"the lab folder {path} lies under {target}, which each lab host replaces")
+    return path
+
+
+def host_addresses(base_address: str, count: int) -> list[str]:
+    """Host N gets base + N; refuse anything outside 127.0.0.0/8 or past .254."""
+    try:
+        base = ipaddress.IPv4Address(base_address)
+    except ValueError as exc:
+        raise LabError(f"bad base address {base_address!r}: {exc}") from None
+    if base not in LOOPBACK:
+        raise LabError(f"the base address {base} is outside 127.0.0.0/8: the lab only uses loopback")
+    if count < 1:
+        raise LabError(f"a lab needs at least one host, not {count}")
+    last_octet = int(base) & 0xFF
+    if last_octet + count > 254:
+        raise LabError(f"{count} hosts do not fit after {base} (the last octet would pass .254)")
+    return [str(base + n) for n in range(1, count + 1)]
+
+
+def load_state(paths: LabPaths) -> LabState | None:
+    """lab.json, or None when there is none; a corrupt file is an error, not silently reset."""
+    try:
+        raw = json.loads(paths.state.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LabError(f"cannot read {paths.state}: {exc}") from None
+    try:
+        hosts = [LabHost(str(h["name"]), str(h["address"]), int(h.get("pid", 0))) for h in raw["hosts"]]
+        return LabState(base_address=str(raw["base_address"]), hosts=hosts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LabError(f"{paths.state} is malformed ({exc!r}); remove it or run `lab down --purge`") from None
+
+
+def save_state(paths: LabPaths, state: LabState) -> None:
+    """Write lab.json atomically so a killed run never leaves half a file."""
+    doc = {"version": STATE_VERSION, "base_address": state.base_address,
+           "hosts": [asdict(h) for h in state.hosts]}
+    tmp = paths.state.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, paths.state)

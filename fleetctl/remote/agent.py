@@ -1,0 +1,167 @@
+# fleetctl agent: one long-lived process per host and run, started over one SSH channel.
+#
+# Stdlib only, Python >= 3.8. Protocol on stdin/stdout: after a magic hello line, every
+# message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
+# Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?}
+# Answers:  {"id", "ok": true, "result": ...} | {"id", "ok": false, "error": {"type", "message", "traceback"}}
+# Module source is shipped once per run and cached here by hash. The agent exits at EOF on
+# stdin, so it never outlives the connection that started it.
+import json
+import os
+import platform
+import struct
+import subprocess
+import sys
+import traceback
+
+MAGIC = b"\x00FLEETCTL-AGENT-1\n"
+BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
+END = "@@FLEETCTL-JSON-END@@"
+
+# Runs one module under another interpreter (a venv's python). stdout is kept for the
+# delimited answer alone: anything the module prints goes to stderr.
+CHILD_RUNNER = r"""
+import json, sys, traceback
+req = json.loads(sys.stdin.read())
+out, sys.stdout = sys.stdout, sys.stderr
+try:
+    ns = {"__name__": "fleetctl_remote_" + req["module"]}
+    exec(compile(req["source"], "<fleetctl-remote:%s>" % req["module"], "exec"), ns)
+    res = {"ok": True, "result": ns["main"](req["params"])}
+except BaseException as e:
+    res = {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                  "traceback": traceback.format_exc()}}
+out.write("\n%s\n%s\n%s\n" % (req["begin"], json.dumps(res, default=str), req["end"]))
+out.flush()
+"""
+
+
+def _error(exc, tb=None):
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb or traceback.format_exc()}
+
+
+def read_exact(stream, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def write_message(out, obj):
+    data = json.dumps(obj, default=str).encode("utf-8")
+    out.write(struct.pack(">I", len(data)) + data)
+    out.flush()
+
+
+class Agent(object):
+    def __init__(self):
+        self.modules = {}  # hash -> (module name, source, namespace or None)
+
+    def load(self, req):
+        h = req["hash"]
+        if h not in self.modules:
+            if req.get("source") is None:
+                raise LookupError("module %s (%s) not cached on this agent" % (req["module"], h))
+            self.modules[h] = [req["module"], req["source"], None]
+        return self.modules[h]
+
+    def call(self, req):
+        entry = self.load(req)
+        python = req.get("python")
+        if python:
+            return self.call_child(python, entry[0], entry[1], req.get("params") or {}, req.get("timeout"))
+        if entry[2] is None:
+            ns = {"__name__": "fleetctl_remote_" + entry[0]}
+            exec(compile(entry[1], "<fleetctl-remote:%s>" % entry[0], "exec"), ns)
+            entry[2] = ns
+        return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}
+
+    def call_child(self, python, module, source, params, timeout):
+        if not os.path.exists(python):
+            return {"ok": False, "error": {"type": "InterpreterNotFound",
+                                           "message": "no python at %s" % python, "traceback": ""}}
+        payload = json.dumps({"module": module, "source": source, "params": params, "begin": BEGIN, "end": END})
+        proc = subprocess.run([python, "-c", CHILD_RUNNER], input=payload.encode("utf-8"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        text = proc.stdout.decode("utf-8", "replace")
+        start, stop = text.rfind(BEGIN), text.rfind(END)
+        if start < 0 or stop < start:
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
+            return {"ok": False, "error": {"type": "ChildFailed", "traceback": "",
+                                           "message": "%s exited %s: %s" % (python, proc.returncode, " | ".join(tail))}}
+        return json.loads(text[start + len(BEGIN):stop])
+
+    def handle(self, req):
+        op = req.get("op")
+        if op == "ping":
+            return {"ok": True, "result": {"python": sys.executable, "version": platform.python_version(),
+                                           "pid": os.getpid(), "hostname": platform.node()}}
+        if op == "call":
+            return self.call(req)
+        raise ValueError("unknown op %r" % (op,))
+
+
+def serve(inp, out):
+    agent = Agent()
+    out.write(MAGIC)
+    out.flush()
+    while True:
+        header = read_exact(inp, 4)
+        if header is None:
+            return 0
+        body = read_exact(inp, struct.unpack(">I", header)[0])
+        if body is None:
+            return 0
+        req = json.loads(body.decode("utf-8"))
+        if req.get("op") == "exit":
+            write_message(out, {"id": req.get("id"), "ok": True, "result": None})
+            return 0
+        try:
+            answer = agent.handle(req)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit from a module too: the agent goes on, the caller gets the error
+            answer = {"ok": False, "error": _error(exc)}
+        answer["id"] = req.get("id")
+        write_message(out, answer)
+
+
+def watchdog(fd, ppid):
+    # An operation that hangs must not outlive the run: exit as soon as the controller's end
+    # of stdin is gone (channel closed) or our parent (the SSH session) went away.
+    import select
+    import threading
+
+    def watch():
+        poller = select.poll()
+        poller.register(fd, select.POLLHUP)
+        while True:
+            for _fd, event in poller.poll(1000):
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+            if os.getppid() != ppid:
+                os._exit(0)
+
+    thread = threading.Thread(target=watch, name="fleetctl-watchdog")
+    thread.daemon = True
+    thread.start()
+
+
+def main():
+    # Keep the real stdout for protocol frames; point fd 1 at stderr so stray prints from
+    # modules or their subprocesses cannot corrupt the stream.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    inp = os.fdopen(os.dup(0), "rb")
+    watchdog(inp.fileno(), os.getppid())
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    sys.exit(serve(inp, out))
+
+
+if __name__ == "__main__" or __name__ == "fleetctl_agent":
+    main()

@@ -1,0 +1,226 @@
+"""Host facts, gathered ON the host: system, disks, Python interpreters, raw nvidia-smi output.
+
+Stdlib only, Python >= 3.8. ``main(params)`` returns one JSON-able dict and never prints.
+Parsing of nvidia-smi happens on the controller (fleetctl/gpu.py): here we only capture the raw
+text, rc and stderr so a failing driver is reported, not hidden.
+
+params (all optional):
+  disk_paths:   paths whose filesystem free/total bytes are reported (default /, /opt, /var/lib)
+  venv:         a venv folder; its bin/python is checked (exists? dangling link?) and pyvenv.cfg read
+  nvidia_smi:   path of the nvidia-smi binary to use instead of searching (tests, odd installs)
+"""
+
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+GPU_QUERY_FIELDS = (
+    "index,name,uuid,memory.total,driver_version,compute_cap,"
+    "persistence_mode,mig.mode.current,pci.bus_id"
+)
+DEFAULT_DISK_PATHS = ("/", "/opt", "/var/lib")
+SMI_TIMEOUT_S = 20.0
+PYTHON_TIMEOUT_S = 5.0
+MAX_OUTPUT_CHARS = 200000  # nvidia-smi with many processes can be long; keep the JSON bounded
+PYTHON_NAME = re.compile(r"^python3(\.\d+)?$")
+PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
+VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
+
+
+def main(params):
+    params = params or {}
+    disk_paths = params.get("disk_paths") or DEFAULT_DISK_PATHS
+    answer = {
+        "schema": 1,
+        "hostname": socket.gethostname(),
+        "os": os_release(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "cpus": cpu_counts(),
+        "memory": meminfo(),
+        "disks": dict((path, disk_usage(path)) for path in disk_paths),
+        "interpreter": {
+            "executable": sys.executable,
+            "version": platform.python_version(),
+            "full_version": sys.version,
+        },
+        "pythons": find_pythons(),
+        "nvidia_smi": nvidia_smi(params.get("nvidia_smi")),
+    }
+    if params.get("venv"):
+        answer["venv"] = venv_check(params["venv"])
+    return answer
+
+
+def os_release(path="/etc/os-release"):
+    """PRETTY_NAME, ID and VERSION_ID of /etc/os-release; None when the file is missing."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            values[key.strip()] = value.strip().strip("'\"")
+    return {
+        "pretty_name": values.get("PRETTY_NAME"),
+        "id": values.get("ID"),
+        "version_id": values.get("VERSION_ID"),
+    }
+
+
+def cpu_counts():
+    usable = None
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            usable = len(os.sched_getaffinity(0))
+        except OSError:
+            usable = None
+    return {"count": os.cpu_count(), "usable": usable}
+
+
+def meminfo(path="/proc/meminfo"):
+    """MemTotal and MemAvailable in bytes (the file says kB, meaning KiB)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = {}
+    for line in lines:
+        m = re.match(r"^(\w+):\s+(\d+)\s*(kB)?", line)
+        if m:
+            found[m.group(1)] = int(m.group(2)) * (1024 if m.group(3) else 1)
+    return {"total": found.get("MemTotal"), "available": found.get("MemAvailable")}
+
+
+def disk_usage(path):
+    """Free (usable by non-root) and total bytes of the filesystem holding ``path``; None if absent."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+
+
+def find_pythons():
+    """python3 / python3.X on PATH and in the usual bin folders, each asked for its version once."""
+    dirs = []
+    for d in os.environ.get("PATH", "").split(os.pathsep) + list(PYTHON_DIRS):
+        if d and d not in dirs:
+            dirs.append(d)
+    found = []
+    versions = {}  # realpath -> (version, error): python3 and python3.11 are often one binary
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            if not PYTHON_NAME.match(name) or not os.access(path, os.X_OK) or os.path.isdir(path):
+                continue
+            real = os.path.realpath(path)
+            if real not in versions:
+                versions[real] = python_version_of(path)
+            version, error = versions[real]
+            found.append({"path": path, "realpath": real, "version": version, "error": error})
+    return found
+
+
+def python_version_of(path):
+    try:
+        proc = subprocess.run(
+            [path, "-c", VERSION_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            timeout=PYTHON_TIMEOUT_S, universal_newlines=True,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "timed out after %gs" % PYTHON_TIMEOUT_S
+    except OSError as exc:
+        return None, str(exc)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        first = lines[0][:300] if lines else ""  # e.g. "pyenv: python3.10: command not found"
+        return None, "exited %d: %s" % (proc.returncode, first)
+    return proc.stdout.strip() or None, None
+
+
+def find_nvidia_smi(override=None):
+    if override:
+        return override
+    found = shutil.which("nvidia-smi")
+    if found:
+        return found
+    for candidate in ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def nvidia_smi(override=None):
+    """Raw outputs of the GPU query and of plain nvidia-smi; None when nvidia-smi is absent."""
+    path = find_nvidia_smi(override)
+    if path is None:
+        return None
+    query = [path, "--query-gpu=" + GPU_QUERY_FIELDS, "--format=csv,noheader,nounits"]
+    return {"path": path, "query": run_capture(query), "header": run_capture([path])}
+
+
+def run_capture(argv, timeout=SMI_TIMEOUT_S):
+    """Run a command; rc None means it did not finish (timeout) or could not start (``error``)."""
+    result = {"argv": argv, "rc": None, "stdout": "", "stderr": "", "error": None}
+    try:
+        proc = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        result["error"] = "timed out after %gs" % timeout
+        return result
+    except OSError as exc:
+        result["error"] = str(exc)
+        return result
+    result["rc"] = proc.returncode
+    result["stdout"] = proc.stdout.decode("utf-8", "replace")[:MAX_OUTPUT_CHARS]
+    result["stderr"] = proc.stderr.decode("utf-8", "replace")[-MAX_OUTPUT_CHARS:]
+    return result
+
+
+def venv_check(venv):
+    """Does ``venv``/bin/python run here? A copied venv often links to a python this host lacks."""
+    python = os.path.join(venv, "bin", "python")
+    link_target = None
+    if os.path.islink(python):
+        try:
+            link_target = os.readlink(python)
+        except OSError:
+            link_target = None
+    return {
+        "path": venv,
+        "exists": os.path.isdir(venv),
+        "python": python,
+        "python_exists": os.path.exists(python),  # False for a dangling symlink too
+        "python_executable": os.access(python, os.X_OK),
+        "python_link": link_target,
+        "pyvenv_cfg": read_pyvenv_cfg(os.path.join(venv, "pyvenv.cfg")),
+    }
+
+
+def read_pyvenv_cfg(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    cfg = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep:
+            cfg[key.strip()] = value.strip()
+    return cfg

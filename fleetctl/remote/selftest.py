@@ -1,0 +1,29 @@
+# Agent self-test operations: exercise the protocol's edges on a real host.
+# Used by the agent tests and handy when debugging a host ("does the agent survive X?").
+import os
+import sys
+import time
+
+
+def main(params):
+    action = params.get("action", "echo")
+    if action == "echo":
+        return {"echo": params.get("data"), "pid": os.getpid()}
+    if action == "raise":
+        raise RuntimeError(params.get("message", "raised on purpose"))
+    if action == "sleep":
+        time.sleep(float(params.get("seconds", 1)))
+        return {"slept": params.get("seconds")}
+    if action == "noise":
+        # Stray prints must not corrupt the protocol stream.
+        print("noise on stdout")
+        sys.stderr.write("noise on stderr\n")
+        os.system("echo noise from a subprocess")
+        return {"quiet": True}
+    if action == "die":
+        os._exit(int(params.get("code", 9)))
+    if action == "big":
+        return {"data": "x" * int(params.get("size", 1024))}
+    if action == "interpreter":
+        return {"executable": sys.executable, "prefix": sys.prefix, "version": list(sys.version_info[:3])}
+    raise ValueError("unknown selftest action %r" % (action,))

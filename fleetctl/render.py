@@ -1,0 +1,106 @@
+"""Output for people (rich tables on a terminal) and for programs (one JSON document).
+
+The core returns data; this module alone decides how it looks. No core module prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from fleetctl.transport.base import HostResult, Status
+
+T = TypeVar("T")
+
+STATUS_STYLE = {Status.OK: "green", Status.FAILED: "red", Status.UNREACHABLE: "magenta"}
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def results_json(results: dict[str, HostResult[T]], value: Callable[[T], Any]) -> dict[str, Any]:
+    """``{"hosts": {name: {"status", "value"|"reason", ...}}, "summary": {...}}``."""
+    hosts: dict[str, Any] = {}
+    for name, res in results.items():
+        entry: dict[str, Any] = {"status": res.status.value}
+        if res.value is not None:
+            entry["value"] = value(res.value)
+        if not res.ok:
+            entry["reason"] = res.reason
+            entry.update({k: v for k, v in res.details.items() if k != "traceback"})
+        hosts[name] = entry
+    return {"hosts": hosts, "summary": summary_counts(results)}
+
+
+def summary_counts(results: dict[str, HostResult[Any]]) -> dict[str, int]:
+    counts = {s.value: 0 for s in Status}
+    for res in results.values():
+        counts[res.status.value] += 1
+    return counts
+
+
+def summary_line(results: dict[str, HostResult[Any]]) -> str:
+    c = summary_counts(results)
+    return f"{len(results)} hosts: {c['ok']} ok, {c['failed']} failed, {c['unreachable']} unreachable"
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in columns:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*(cell(v) for v in row))
+    return t
+
+
+def cell(value: Any) -> Any:
+    """Table cells are literal text: host output must never be read as rich markup."""
+    from rich.text import Text
+
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value))
+
+
+def status_text(res: HostResult[Any]) -> Any:
+    from rich.text import Text
+
+    return Text(res.status.value, style=STATUS_STYLE[res.status])
+
+
+def print_failures(results: dict[str, HostResult[Any]]) -> None:
+    """One line per bad host on stderr: name, status, reason."""
+    from rich.text import Text
+
+    err = console(stderr=True)
+    for name, res in sorted(results.items()):
+        if not res.ok:
+            err.print(Text.assemble((name, "bold"), ": ", status_text(res), ": ", res.reason))
+
+
+def print_blocks(blocks: Sequence[Any]) -> None:
+    """``clush -b`` style: one header per set of hosts with identical output."""
+    from rich.rule import Rule
+    from rich.text import Text
+
+    out = console()
+    for block in blocks:
+        head = ",".join(block.hosts) + f" ({len(block.hosts)})"
+        if block.status != "ok" or block.rc not in (0, None):
+            head += f" [{block.status}" + (f", rc={block.rc}" if block.rc is not None else "") + "]"
+        out.print(Rule(Text(head, style="bold"), align="left", style="dim"))
+        if block.stdout:
+            out.print(Text(block.stdout.rstrip("\n")))
+        if block.stderr:
+            out.print(Text(block.stderr.rstrip("\n"), style="red"))

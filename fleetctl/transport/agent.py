@@ -1,0 +1,198 @@
+"""Controller side of the remote agent: start it once per host, then one message per operation.
+
+The agent (``fleetctl/remote/agent.py``) is shipped inline in the start command as
+zlib+base64 source, so nothing is installed on the host. Module sources are sent once per
+agent and cached there by hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shlex
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import AgentError, RemoteOperationError
+from fleetctl.transport.base import Connector, Stream
+
+REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code, shipped as source
+MAGIC = b"\x00FLEETCTL-AGENT-1\n"
+MAX_NOISE = 64 * 1024  # login-file chatter tolerated before the hello
+MAX_MESSAGE = 256 * 1024 * 1024
+_MODULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+@cache
+def module_source(module: str) -> tuple[str, str]:
+    """Source and short hash of ``fleetctl/remote/<module>.py``."""
+    if not _MODULE_NAME.match(module):
+        raise ValueError(f"bad remote module name {module!r}")
+    text = (REMOTE_DIR / f"{module}.py").read_text(encoding="utf-8")
+    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def bootstrap_command(interpreters: list[str]) -> str:
+    """A POSIX shell line that runs the agent under the first interpreter that exists."""
+    source, _ = module_source("agent")
+    blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
+    code = (
+        "import zlib,base64;__name__='fleetctl_agent';"
+        f"exec(zlib.decompress(base64.b64decode('{blob}')))"
+    )
+    tries = " ".join(shlex.quote(p) for p in interpreters)
+    return (
+        f"for p in {tries}; do if command -v \"$p\" >/dev/null 2>&1; then "
+        f"exec \"$p\" -c {shlex.quote(code)}; fi; done; "
+        "echo 'fleetctl: no python interpreter found (tried: '" + shlex.quote(tries) + "')' >&2; exit 127"
+    )
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    python: str
+    version: str
+    pid: int
+    hostname: str
+
+
+class AgentClient:
+    """One agent on one host. Thread-safe: requests on one host are serialized."""
+
+    def __init__(self, host: str, connector: Connector, interpreters: list[str], start_timeout: float = 30.0):
+        self.host = host
+        self.connector = connector
+        self.interpreters = interpreters
+        self.start_timeout = start_timeout
+        self.info: AgentInfo | None = None
+        self._stream: Stream | None = None
+        self._sent: set[str] = set()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._restarts = 0
+        self._died = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _start(self) -> None:
+        self._stream = self.connector.open_stream(bootstrap_command(self.interpreters))
+        self._sent = set()
+        self._read_hello(time.monotonic() + self.start_timeout)
+        ping = self._request({"op": "ping"}, self.start_timeout)
+        self.info = AgentInfo(**ping)
+
+    def _ensure_started(self) -> None:
+        if self._stream is not None:
+            return
+        if self._died:
+            # An agent that died is restarted once per run; a second death is final.
+            if self._restarts >= 1:
+                raise AgentError(self.host, "agent died again after a restart; not restarting")
+            self._restarts += 1
+        self._start()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._stream is None:
+                return
+            try:
+                self._request({"op": "exit"}, 5.0)
+            except AgentError:
+                pass
+            finally:
+                self._drop()
+
+    def _drop(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = None
+
+    def _fail(self, why: str) -> AgentError:
+        tail = self._stream.stderr_tail().strip() if self._stream else ""
+        self._drop()
+        self._died = True
+        return AgentError(self.host, f"agent {why}" + (f": {tail}" if tail else ""))
+
+    # -- framing ---------------------------------------------------------------------------
+    def _recv_exact(self, n: int, deadline: float | None) -> bytes:
+        assert self._stream is not None
+        buf = bytearray()
+        while len(buf) < n:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            chunk = self._stream.recv(n - len(buf), left)
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def _read_hello(self, deadline: float) -> None:
+        seen = b""
+        try:
+            while MAGIC not in seen:
+                seen += self._recv_exact(1, deadline)
+                if len(seen) > MAX_NOISE:
+                    raise self._fail("sent no hello (login files print too much?)")
+        except TimeoutError:
+            raise self._fail("did not start in time") from None
+        except EOFError:
+            raise self._fail("exited before saying hello") from None
+
+    def _request(self, msg: dict[str, Any], timeout: float | None) -> Any:
+        assert self._stream is not None
+        self._next_id += 1
+        msg = {**msg, "id": self._next_id}
+        data = json.dumps(msg).encode()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self._stream.send(struct.pack(">I", len(data)) + data)
+            size = struct.unpack(">I", self._recv_exact(4, deadline))[0]
+            if size > MAX_MESSAGE:
+                raise self._fail(f"sent a {size}-byte message (limit {MAX_MESSAGE})")
+            answer = json.loads(self._recv_exact(size, deadline))
+        except TimeoutError:
+            raise self._fail(f"gave no answer within {timeout:g}s (stopped)") from None
+        except (EOFError, OSError) as exc:
+            raise self._fail(f"died ({type(exc).__name__})") from None
+        if answer.get("id") != msg["id"]:
+            raise self._fail("answered out of order")
+        if not answer.get("ok"):
+            err = answer.get("error") or {}
+            raise RemoteOperationError(
+                self.host, str(msg.get("module", msg["op"])), err.get("type", "Error"),
+                err.get("message", ""), err.get("traceback", ""),
+            )
+        return answer.get("result")
+
+    # -- operations ------------------------------------------------------------------------
+    def ping(self, timeout: float = 30.0) -> AgentInfo:
+        with self._lock:
+            self._ensure_started()
+            self.info = AgentInfo(**self._request({"op": "ping"}, timeout))
+            return self.info
+
+    def call(
+        self, module: str, params: dict[str, Any] | None = None, *, python: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        source, digest = module_source(module)
+        with self._lock:
+            self._ensure_started()
+            msg: dict[str, Any] = {
+                "op": "call", "module": module, "hash": digest, "params": params or {},
+                "python": python, "timeout": timeout,
+            }
+            if digest not in self._sent:
+                msg["source"] = source
+            self._sent.add(digest)  # a fresh agent (after a restart) resets this set
+            # The agent enforces a child interpreter's timeout itself: allow it slack to report.
+            slack = 5.0 if python else 0.0
+            return self._request(msg, None if timeout is None else timeout + slack)

@@ -1,0 +1,102 @@
+"""The tiny transport interface every connector implements, and per-host results.
+
+A connector moves bytes and runs commands on one host: ``run``, ``put``, ``get``,
+``open_stream`` (a long-lived process whose stdin/stdout carry the agent protocol)
+and ``close``. Everything above it (agent, fan-out, core modules) is connector-agnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one remote command did."""
+
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class Stream(Protocol):
+    """A running remote process whose stdin/stdout carry a byte protocol (the agent's)."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def recv(self, max_bytes: int, timeout: float | None) -> bytes:
+        """Up to ``max_bytes``; ``b""`` at end of stream; raises ``TimeoutError`` past ``timeout``."""
+        ...
+
+    def alive(self) -> bool: ...
+
+    def stderr_tail(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Connector(Protocol):
+    """One host's connection. Implementations connect lazily and are reused for a whole run."""
+
+    host: str
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult: ...
+
+    def put(self, local_path: str, remote_path: str) -> None: ...
+
+    def get(self, remote_path: str, local_path: str) -> None: ...
+
+    def open_stream(self, command: str) -> Stream: ...
+
+    def close(self) -> None: ...
+
+
+class Status(str, Enum):
+    OK = "ok"
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass
+class HostResult(Generic[T]):
+    """The outcome of one operation on one host: ok (with a value), failed, or unreachable (with why)."""
+
+    host: str
+    status: Status
+    value: T | None = None
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+
+class HostSession(Protocol):
+    """What core modules (facts, probes, drift, ...) get for one host during a fan-out.
+
+    ``call(op, params)`` runs ``main(params)`` of ``fleetctl/remote/<op>.py`` on the host inside
+    the host's long-lived agent and returns its JSON-able answer; with ``python=`` it runs in a
+    child process of that interpreter (a venv's python, to see the venv's packages). A remote
+    exception raises ``RemoteOperationError``; a dead channel raises ``AgentError``.
+    """
+
+    name: str
+    vars: dict[str, Any]
+
+    def call(
+        self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
+        timeout: float | None = None,
+    ) -> Any: ...
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult: ...

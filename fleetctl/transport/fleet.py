@@ -1,0 +1,173 @@
+"""Fan-out over hosts: a bounded pool, one connection and one agent per host for the run.
+
+``Fleet.map(fn)`` calls ``fn(session)`` for every selected host in parallel and returns a
+per-host map of ``HostResult`` (ok | failed | unreachable); it never raises because one
+host went bad. A host found unreachable is skipped for the rest of the run, as Ansible does.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fleetctl.errors import ConnectError, FleetError
+from fleetctl.transport import hostkeys
+from fleetctl.transport.agent import AgentClient, AgentInfo
+from fleetctl.transport.base import CommandResult, Connector, HostResult, Status
+
+if TYPE_CHECKING:
+    from fleetctl.inventory import ConnectionSpec, Host, Inventory
+    from fleetctl.transport.ssh import SSHTarget
+
+T = TypeVar("T")
+log = logging.getLogger("fleetctl.transport")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    forks: int = 32
+    command_timeout: float | None = 600.0
+    connect_timeout: float | None = None  # None: each host's ansible_timeout
+
+
+def interpreters(spec: ConnectionSpec) -> list[str]:
+    """Interpreter discovery order: ansible_python_interpreter > venv's python > python3."""
+    found = [spec.python] if spec.python else []
+    if spec.venv:
+        found.append(f"{spec.venv.rstrip('/')}/bin/python")
+    return found + ["python3", "/usr/bin/python3"]
+
+
+def ssh_target(inventory: Inventory, spec: ConnectionSpec, settings: RunSettings) -> SSHTarget:
+    from fleetctl.transport.ssh import SSHTarget
+
+    timeout = settings.connect_timeout or spec.connect_timeout
+    jump = None
+    if spec.jump:
+        jump_spec = _jump_spec(inventory, spec)
+        jump = ssh_target(inventory, jump_spec, settings)
+    return SSHTarget(
+        hostname=spec.hostname, port=spec.port, user=spec.user or "root", key_file=spec.key_file,
+        known_hosts=hostkeys.known_hosts_file(inventory.path, spec.known_hosts),
+        connect_timeout=timeout, jump=jump,
+    )
+
+
+def _jump_spec(inventory: Inventory, spec: ConnectionSpec) -> ConnectionSpec:
+    """A bastion named like an inventory host uses that host's settings; else ``[user@]host[:port]``."""
+    from dataclasses import replace
+
+    assert spec.jump is not None
+    if spec.jump in inventory.hosts:
+        return replace(inventory.hosts[spec.jump].connection, jump=None)
+    user, _, rest = spec.jump.rpartition("@")
+    hostname, _, port = rest.partition(":")
+    return replace(spec, hostname=hostname, port=int(port or 22), user=user or spec.user, jump=None)
+
+
+class HostContext:
+    """One host's session for the run: its connector and agent, both opened lazily."""
+
+    def __init__(self, host: Host, connector: Connector, settings: RunSettings) -> None:
+        self.host = host
+        self.name = host.name
+        self.vars: dict[str, Any] = dict(host.vars)
+        self.connector = connector
+        self.settings = settings
+        self.agent = AgentClient(host.name, connector, interpreters(host.connection))
+        self.unreachable: str | None = None
+
+    def call(
+        self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        return self.agent.call(op, params, python=python, timeout=timeout or self.settings.command_timeout)
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        return self.connector.run(command, timeout=timeout or self.settings.command_timeout)
+
+    def ping(self) -> AgentInfo:
+        return self.agent.ping()
+
+    def close(self) -> None:
+        try:
+            self.agent.close()
+        finally:
+            self.connector.close()
+
+
+def make_connector(inventory: Inventory, host: Host, settings: RunSettings) -> Connector:
+    spec = host.connection
+    if spec.kind == "local":
+        from fleetctl.transport.local import LocalConnector
+
+        return LocalConnector(host.name)
+    from fleetctl.transport.ssh import SSHConnector
+
+    return SSHConnector(host.name, ssh_target(inventory, spec, settings))
+
+
+class Fleet:
+    """The selected hosts of one run. Use as a context manager so every agent is stopped."""
+
+    def __init__(self, inventory: Inventory, hosts: list[Host], settings: RunSettings | None = None) -> None:
+        self.inventory = inventory
+        self.settings = settings or RunSettings()
+        self.contexts = {
+            h.name: HostContext(h, make_connector(inventory, h, self.settings), self.settings) for h in hosts
+        }
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def map(self, fn: Callable[[HostContext], T]) -> dict[str, HostResult[T]]:
+        names = sorted(self.contexts)
+        workers = max(1, min(self.settings.forks, len(names)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
+            results = list(pool.map(lambda n: self._one(self.contexts[n], fn), names))
+        return dict(zip(names, results, strict=True))
+
+    def _one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+        if ctx.unreachable:
+            return HostResult(ctx.name, Status.UNREACHABLE, reason=ctx.unreachable)
+        try:
+            return HostResult(ctx.name, Status.OK, value=fn(ctx))
+        except ConnectError as exc:
+            ctx.unreachable = exc.reason
+            return HostResult(ctx.name, Status.UNREACHABLE, reason=exc.reason)
+        except FleetError as exc:
+            reason = getattr(exc, "reason", str(exc))
+            return HostResult(ctx.name, Status.FAILED, reason=reason, details=_details(exc))
+        except Exception as exc:  # a bug on one host must not lose the others' results
+            log.exception("unexpected error on %s", ctx.name)
+            return HostResult(
+                ctx.name, Status.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}",
+                details={"traceback": traceback.format_exc()},
+            )
+
+    def close(self) -> None:
+        for ctx in self.contexts.values():
+            try:
+                ctx.close()
+            except Exception:  # closing is best effort: the agent exits at EOF anyway
+                log.debug("closing %s failed", ctx.name, exc_info=True)
+
+
+def _details(exc: FleetError) -> dict[str, Any]:
+    out: dict[str, Any] = {"error": type(exc).__name__}
+    for attr in ("rc", "command", "stderr_tail", "etype", "remote_traceback"):
+        if getattr(exc, attr, None) not in (None, ""):
+            out[attr] = getattr(exc, attr)
+    return out
+
+
+def known_hosts_for(inventory: Inventory, host: Host) -> Path:
+    return hostkeys.known_hosts_file(inventory.path, host.connection.known_hosts)

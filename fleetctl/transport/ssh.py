@@ -1,0 +1,151 @@
+"""SSH connector on Fabric: one lazily opened connection per host, reused for the whole run.
+
+Host keys are checked against the inventory's known_hosts (Fabric's default AutoAddPolicy
+is replaced). A bastion (``jump_host`` or ``-o ProxyJump=``) goes through Fabric's gateway.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import CommandError, ConnectError, HostKeyError
+from fleetctl.transport import hostkeys
+from fleetctl.transport.base import CommandResult
+from fleetctl.transport.output import tail_text
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and as whom to connect; ``jump`` is the bastion's own target, if any."""
+
+    hostname: str
+    port: int
+    user: str
+    key_file: str | None
+    known_hosts: Path
+    connect_timeout: float
+    jump: SSHTarget | None = None
+
+
+class ChannelStream:
+    """One exec channel on the host's connection, carrying the agent protocol."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self._err: deque[bytes] = deque(maxlen=64)
+
+    def send(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def recv(self, max_bytes: int, timeout: float | None) -> bytes:
+        self._drain_stderr()
+        self.channel.settimeout(timeout)
+        try:
+            data: bytes = self.channel.recv(max_bytes)
+        except socket.timeout:
+            raise TimeoutError from None
+        return data
+
+    def _drain_stderr(self) -> None:
+        # Unread stderr would fill the channel window and stall stdout; keep only the tail.
+        while self.channel.recv_stderr_ready():
+            self._err.append(self.channel.recv_stderr(65536))
+
+    def alive(self) -> bool:
+        return not (self.channel.closed or self.channel.exit_status_ready())
+
+    def stderr_tail(self) -> str:
+        self._drain_stderr()
+        return tail_text(b"".join(self._err))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _connection(host: str, target: SSHTarget) -> Any:
+    from fabric import Connection
+
+    gateway = _connection(host, target.jump) if target.jump else None
+    kwargs: dict[str, Any] = {"banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout}
+    if target.key_file:
+        kwargs.update(key_filename=target.key_file, look_for_keys=False, allow_agent=False)
+    conn = Connection(
+        host=target.hostname, user=target.user, port=target.port, gateway=gateway,
+        connect_timeout=max(1, round(target.connect_timeout)), connect_kwargs=kwargs,
+    )
+    if target.known_hosts.exists():
+        conn.client.load_host_keys(str(target.known_hosts))
+    conn.client.set_missing_host_key_policy(hostkeys.strict_policy(host, target.known_hosts))
+    return conn
+
+
+class SSHConnector:
+    """Fabric connection to one host, opened on first use."""
+
+    def __init__(self, host: str, target: SSHTarget) -> None:
+        self.host = host
+        self.target = target
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any:
+        with self._lock:
+            if self._conn is None or not self._conn.is_connected:
+                conn = _connection(self.host, self.target)
+                self._connect(conn)
+                self._conn = conn
+            return self._conn
+
+    def _connect(self, conn: Any) -> None:
+        import paramiko
+
+        where = f"{self.target.hostname}:{self.target.port}"
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise hostkeys.changed_key_error(self.host, exc, self.target.known_hosts) from None
+        except paramiko.AuthenticationException as exc:
+            raise ConnectError(
+                self.host, f"authentication failed for {self.target.user}@{where} "
+                f"(key {self.target.key_file or 'default'}): {exc}",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        from invoke.exceptions import CommandTimedOut
+
+        conn = self._open()
+        start = time.monotonic()
+        try:
+            res = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except CommandTimedOut as exc:
+            raise CommandError(self.host, command, None, tail_text(exc.result.stderr)) from None
+        return CommandResult(command, res.exited, res.stdout, res.stderr, time.monotonic() - start)
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        self._open().put(local_path, remote_path)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        self._open().get(remote_path, local_path)
+
+    def open_stream(self, command: str) -> ChannelStream:
+        conn = self._open()
+        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
+        chan.exec_command(command)
+        return ChannelStream(chan)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -1,0 +1,52 @@
+"""Shared fixtures. Lab fixtures start real sshd hosts (root only; skipped otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from lab_support import (
+    SCRATCH_LAB_BASE,
+    SCRATCH_LAB_DIR,
+    SCRATCH_LAB_HOSTS,
+    SESSION_LAB_BASE,
+    SESSION_LAB_DIR,
+    SESSION_LAB_HOSTS,
+    LabHandle,
+    lab_usable,
+    private_lab,
+    shared_lab,
+)
+
+
+@pytest.fixture(scope="session")
+def lab_fleet() -> Iterator[LabHandle]:
+    """A 3-host lab (lab1..lab3 on 127.0.77.x) for the whole session; keep it pristine.
+
+    Stale state from a killed run is recovered by lab_up; hosts stopped or rekeyed through the
+    handle are restored after each test (see `_restore_lab_fleet`) and at session end.
+    """
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    with shared_lab(SESSION_LAB_DIR, SESSION_LAB_HOSTS, SESSION_LAB_BASE) as handle:
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def _restore_lab_fleet(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, bring back any session-lab host it stopped or rekeyed."""
+    yield
+    if "lab_fleet" in request.fixturenames:
+        handle: LabHandle = request.getfixturevalue("lab_fleet")
+        handle.restore()
+
+
+@pytest.fixture
+def scratch_lab() -> Iterator[LabHandle]:
+    """A fresh 2-host lab (127.0.78.x) owned by one test, for stop/rekey/kill; purged after."""
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    with private_lab(SCRATCH_LAB_DIR, SCRATCH_LAB_HOSTS, SCRATCH_LAB_BASE) as handle:
+        yield handle

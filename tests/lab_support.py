@@ -1,0 +1,214 @@
+"""Helpers for tests that run against the lab fleet's real sshd hosts.
+
+`LabHandle` wraps one lab folder: real `ssh`/`sftp` with strict host-key checking against the
+lab's pinned known_hosts, and stop/start/rekey that can restore the host afterwards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_status, lab_up, rekey_host, start_host, stop_host
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_LAB_DIR = REPO / ".fleetctl" / "test-lab"
+SESSION_LAB_BASE = "127.0.77.0"
+SESSION_LAB_HOSTS = 3
+SCRATCH_LAB_DIR = REPO / ".fleetctl" / "test-lab-scratch"
+SCRATCH_LAB_BASE = "127.0.78.0"
+SCRATCH_LAB_HOSTS = 2
+
+
+def lab_usable() -> str:
+    """Why the lab cannot run here, or "" when it can."""
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    if not Path("/usr/bin/unshare").exists():
+        return "the lab needs /usr/bin/unshare"
+    return ""
+
+
+class Restorer:
+    """Returned by stop/rekey: a plain call leaves the host so; `with` restores it on exit."""
+
+    def __init__(self, handle: LabHandle, name: str) -> None:
+        self.handle = handle
+        self.name = name
+
+    def __enter__(self) -> Restorer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.handle.restore(self.name)
+
+
+@dataclass
+class LabHandle:
+    """One running lab, as tests see it."""
+
+    dir: Path
+    base_address: str
+    hosts: list[str]
+    addresses: dict[str, str]
+    _pinned: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_fleet(cls, fleet: LabFleet) -> LabHandle:
+        handle = cls(fleet.directory, fleet.base_address, fleet.names,
+                     {h.name: h.address for h in fleet.hosts})
+        paths = LabPaths(fleet.directory)
+        for name in handle.hosts:
+            key = paths.host_key(name)
+            handle._pinned[name] = (key.read_bytes(), key.with_name(key.name + ".pub").read_bytes())
+        return handle
+
+    @property
+    def inventory_path(self) -> Path:
+        return LabPaths(self.dir).inventory
+
+    @property
+    def known_hosts(self) -> Path:
+        return LabPaths(self.dir).known_hosts
+
+    @property
+    def key_path(self) -> Path:
+        return LabPaths(self.dir).client_key
+
+    def pids(self) -> dict[str, int]:
+        return {s.name: s.pid for s in lab_status(self.dir)}
+
+    def ssh_options(self) -> list[str]:
+        """Strict host-key checking against the lab's pinned keys, never the user's own files."""
+        return ["-F", "/dev/null", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
+                "-i", str(self.key_path)]
+
+    def ssh(self, name: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", *self.ssh_options(), f"root@{self.addresses[name]}", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=check)
+
+    def sftp(self, name: str, batch: str) -> subprocess.CompletedProcess[str]:
+        argv = ["sftp", *self.ssh_options(), "-b", "-", f"root@{self.addresses[name]}"]
+        return subprocess.run(argv, input=batch, capture_output=True, text=True, timeout=30, check=False)
+
+    def stop(self, name: str) -> Restorer:
+        self._dirty.add(name)
+        stop_host(self.dir, name)
+        return Restorer(self, name)
+
+    def start(self, name: str) -> None:
+        start_host(self.dir, name)
+
+    def rekey(self, name: str) -> Restorer:
+        self._dirty.add(name)
+        rekey_host(self.dir, name)
+        return Restorer(self, name)
+
+    def restore(self, name: str | None = None) -> None:
+        """Bring host(s) back up with the key pinned at setup (undoes stop and rekey)."""
+        for host in [name] if name else sorted(self._dirty):
+            key = LabPaths(self.dir).host_key(host)
+            private, public = self._pinned[host]
+            if key.read_bytes() != private:
+                stop_host(self.dir, host)
+                key.write_bytes(private)
+                key.with_name(key.name + ".pub").write_bytes(public)
+            start_host(self.dir, host)
+            self._dirty.discard(host)
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (field 22 of /proc/pid/stat): tells a live user from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@contextmanager
+def shared_lab(directory: Path, hosts: int, base_address: str) -> Iterator[LabHandle]:
+    """A lab shared by concurrent pytest runs: the last one to leave takes it down."""
+    users = directory.parent / f"{directory.name}.users"
+    me = users / f"{os.getpid()}-{_start_time(os.getpid())}"
+    with _flock(users.with_suffix(".lock")):
+        users.mkdir(parents=True, exist_ok=True)
+        me.touch()
+        handle = LabHandle.from_fleet(lab_up(hosts, directory, base_address))
+    try:
+        yield handle
+    finally:
+        with _flock(users.with_suffix(".lock")):
+            handle.restore()
+            me.unlink(missing_ok=True)
+            for other in users.iterdir():  # forget runs that died without cleaning up
+                pid, _, started = other.name.partition("-")
+                if not pid.isdigit() or _start_time(int(pid)) != started:
+                    other.unlink()
+            if not any(users.iterdir()):
+                lab_down(directory)
+
+
+@contextmanager
+def private_lab(directory: Path, hosts: int, base_address: str) -> Iterator[LabHandle]:
+    """A lab one test owns outright (destructive tests); purged afterwards."""
+    with _flock(directory.parent / f"{directory.name}.lock"):
+        try:
+            yield LabHandle.from_fleet(lab_up(hosts, directory, base_address))
+        finally:
+            lab_down(directory, purge=True)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _listen_inodes(addresses: set[str] | None = None) -> dict[str, tuple[str, int]]:
+    """Listening TCP sockets on this machine: inode -> (IPv4 address, port)."""
+    found: dict[str, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":  # LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr[-8:])[::-1]
+            address = ".".join(str(b) for b in raw) if len(hex_addr) == 8 else f"v6:{hex_addr}"
+            if addresses is None or address in addresses:
+                found[fields[9]] = (address, int(hex_port, 16))
+    return found
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """Which (address, port) the process pid listens on."""
+    listening = _listen_inodes()
+    mine = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in listening:
+            mine.append(listening[target[8:-1]])
+    return sorted(mine)
+
+
+def listeners_on(addresses: set[str]) -> list[tuple[str, int]]:
+    """Every listening socket bound to one of these addresses, whoever owns it."""
+    return sorted(_listen_inodes(addresses).values())

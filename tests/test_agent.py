@@ -1,0 +1,153 @@
+"""The agent protocol on a real local process: many requests, errors, death, restart."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetctl.errors import AgentError, RemoteOperationError
+from fleetctl.transport.agent import AgentClient, bootstrap_command, module_source
+from fleetctl.transport.local import LocalConnector
+
+REMOTE = Path(__file__).resolve().parent.parent / "fleetctl" / "remote"
+
+
+@pytest.fixture
+def agent() -> AgentClient:
+    client = AgentClient("local", LocalConnector("local"), ["/usr/bin/python3"])
+    yield client
+    client.close()
+
+
+def test_remote_modules_are_stdlib_python38() -> None:
+    allowed = set(sys.stdlib_module_names)
+    for path in sorted(REMOTE.glob("*.py")):
+        tree = ast.parse(path.read_text(), feature_version=(3, 8))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports non-stdlib {name}"
+
+
+def test_many_requests_share_one_process(agent: AgentClient) -> None:
+    pids = {agent.call("selftest", {"action": "echo", "data": i})["pid"] for i in range(50)}
+    answers = [agent.call("selftest", {"action": "echo", "data": {"n": i}})["echo"] for i in range(5)]
+    assert len(pids) == 1
+    assert answers == [{"n": i} for i in range(5)]
+    assert agent.info is not None and agent.info.python == "/usr/bin/python3"
+
+
+def test_source_is_shipped_once_and_cached_by_hash(agent: AgentClient) -> None:
+    sent: list[int] = []
+    real_send = None
+
+    agent.call("selftest", {"action": "echo"})
+    stream = agent._stream
+    assert stream is not None
+    real_send = stream.send
+
+    def counting_send(data: bytes) -> None:
+        sent.append(len(data))
+        real_send(data)
+
+    stream.send = counting_send  # type: ignore[method-assign]
+    for _ in range(3):
+        agent.call("selftest", {"action": "echo"})
+    source, _ = module_source("selftest")
+    assert all(size < len(source) for size in sent), "module source was sent again"
+
+
+def test_request_that_raises_returns_error_and_agent_goes_on(agent: AgentClient) -> None:
+    pid = agent.call("selftest", {"action": "echo"})["pid"]
+    with pytest.raises(RemoteOperationError) as err:
+        agent.call("selftest", {"action": "raise", "message": "boom on host"})
+    assert err.value.etype == "RuntimeError"
+    assert "boom on host" in str(err.value)
+    assert "Traceback" in err.value.remote_traceback
+    assert agent.call("selftest", {"action": "echo"})["pid"] == pid
+
+
+def test_stray_output_does_not_corrupt_the_stream(agent: AgentClient) -> None:
+    assert agent.call("selftest", {"action": "noise"}) == {"quiet": True}
+    assert agent.call("selftest", {"action": "echo", "data": "after"})["echo"] == "after"
+
+
+def test_large_answer(agent: AgentClient) -> None:
+    assert len(agent.call("selftest", {"action": "big", "size": 5_000_000})["data"]) == 5_000_000
+
+
+def test_killed_agent_is_reported_then_restarted_once(agent: AgentClient) -> None:
+    first = agent.call("selftest", {"action": "echo"})["pid"]
+    os.kill(first, 9)
+    with pytest.raises(AgentError, match="agent died"):
+        agent.call("selftest", {"action": "echo"})
+    second = agent.call("selftest", {"action": "echo"})["pid"]
+    assert second != first
+    with pytest.raises(AgentError):
+        agent.call("selftest", {"action": "die"})
+    with pytest.raises(AgentError, match="not restarting"):
+        agent.call("selftest", {"action": "echo"})
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_timeout_stops_the_agent_and_no_hung_agent_outlives_it(agent: AgentClient) -> None:
+    pid = agent.call("selftest", {"action": "echo"})["pid"]
+    with pytest.raises(AgentError, match="no answer within 0.5s"):
+        agent.call("selftest", {"action": "sleep", "seconds": 60}, timeout=0.5)
+    deadline = time.monotonic() + 5
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pid), "the hung agent is still running after its channel closed"
+
+
+def test_child_interpreter_runs_module_in_a_venv(agent: AgentClient, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    got = agent.call("selftest", {"action": "interpreter"}, python=str(venv / "bin" / "python"))
+    assert got["prefix"] == str(venv)
+    with pytest.raises(RemoteOperationError, match="no python at /nonexistent/bin/python"):
+        agent.call("selftest", {"action": "interpreter"}, python="/nonexistent/bin/python")
+    with pytest.raises(RemoteOperationError, match="boom in child"):
+        agent.call("selftest", {"action": "raise", "message": "boom in child"}, python=str(venv / "bin/python"))
+
+
+def test_interpreter_discovery_falls_through(tmp_path: Path) -> None:
+    client = AgentClient("local", LocalConnector("local"), ["/no/such/python", "python3-nope", "/usr/bin/python3"])
+    try:
+        assert client.ping().python == "/usr/bin/python3"
+    finally:
+        client.close()
+    none = AgentClient("local", LocalConnector("local"), ["/no/such/python"], start_timeout=10)
+    with pytest.raises(AgentError, match="no python interpreter found"):
+        none.ping()
+
+
+def test_noise_from_login_files_before_hello_is_skipped() -> None:
+    class Noisy(LocalConnector):
+        def open_stream(self, command: str):  # type: ignore[no-untyped-def]
+            return super().open_stream("echo 'Welcome to lab!'; printf 'motd\\n'; " + command)
+
+    client = AgentClient("local", Noisy("local"), ["/usr/bin/python3"])
+    try:
+        assert client.call("selftest", {"action": "echo", "data": 1})["echo"] == 1
+    finally:
+        client.close()
+
+
+def test_bootstrap_quotes_interpreter_paths() -> None:
+    cmd = bootstrap_command(["/opt/my env/bin/python; rm -rf /tmp/x"])
+    assert "'/opt/my env/bin/python; rm -rf /tmp/x'" in cmd

@@ -1,0 +1,201 @@
+"""End-to-end tests of the lab fleet through the real OpenSSH client (strict host keys)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import paramiko
+import pytest
+import yaml
+from click.testing import CliRunner
+from lab_support import LabHandle, listeners_on, listening_sockets
+
+from fleetctl.cli.lab import lab
+from fleetctl.errors import LabError
+from fleetctl.lab import LabPaths, lab_down, lab_status, lab_up
+
+lab_mark = pytest.mark.lab
+
+
+@lab_mark
+def test_each_host_answers_with_its_own_hostname(lab_fleet: LabHandle) -> None:
+    for name in lab_fleet.hosts:
+        assert lab_fleet.ssh(name, "hostname").stdout.strip() == name
+
+
+@lab_mark
+def test_opt_is_private_to_each_host(lab_fleet: LabHandle) -> None:
+    marker = f"/opt/fleetctl-lab-probe-{uuid.uuid4().hex}"
+    lab_fleet.ssh("lab1", f"echo hello > {marker}")
+    try:
+        assert lab_fleet.ssh("lab1", f"cat {marker}").stdout == "hello\n"
+        assert lab_fleet.ssh("lab2", f"test -e {marker}", check=False).returncode == 1
+        assert not Path(marker).exists()
+    finally:
+        lab_fleet.ssh("lab1", f"rm -f {marker}")
+
+
+@lab_mark
+def test_sftp_round_trip(lab_fleet: LabHandle, tmp_path: Path) -> None:
+    local = tmp_path / "payload.txt"
+    local.write_text("through sftp\n")
+    back = tmp_path / "back.txt"
+    batch = f"put {local} /srv/payload.txt\nget /srv/payload.txt {back}\nrm /srv/payload.txt\n"
+    result = lab_fleet.sftp("lab2", batch)
+    assert result.returncode == 0, result.stderr
+    assert back.read_text() == "through sftp\n"
+
+
+@lab_mark
+def test_python3_runs_and_path_is_sane(lab_fleet: LabHandle) -> None:
+    for name in lab_fleet.hosts:
+        out = lab_fleet.ssh(name, "command -v python3; python3 -c 'import sys; print(sys.version_info[0])'")
+        assert out.stdout.split() == ["/usr/bin/python3", "3"]
+        path = lab_fleet.ssh(name, "echo $PATH").stdout.strip()
+        assert "/usr/local/bin:/usr/bin:/bin" in path
+
+
+@lab_mark
+def test_sshd_listens_only_on_its_own_address(lab_fleet: LabHandle) -> None:
+    for status in lab_status(lab_fleet.dir):
+        assert status.state == "up", status.why
+        assert listening_sockets(status.pid) == [(status.address, 22)]
+
+
+@lab_mark
+def test_paramiko_reads_the_pinned_keys(lab_fleet: LabHandle) -> None:
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(lab_fleet.known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(lab_fleet.addresses["lab3"], username="root", key_filename=str(lab_fleet.key_path),
+                   look_for_keys=False, allow_agent=False, timeout=10)
+    try:
+        _, stdout, _ = client.exec_command("hostname")
+        assert stdout.read().decode().strip() == "lab3"
+    finally:
+        client.close()
+
+
+@lab_mark
+def test_inventory_describes_every_host(lab_fleet: LabHandle) -> None:
+    doc = yaml.safe_load(lab_fleet.inventory_path.read_text())
+    hosts = doc["all"]["children"]["lab"]["hosts"]
+    assert list(hosts) == lab_fleet.hosts
+    assert hosts["lab2"] == {
+        "ansible_host": "127.0.77.2", "ansible_port": 22, "ansible_user": "root",
+        "ansible_ssh_private_key_file": "id_ed25519", "ansible_python_interpreter": "/usr/bin/python3",
+    }
+
+
+@lab_mark
+def test_lab_up_twice_keeps_the_same_pids(lab_fleet: LabHandle) -> None:
+    before = lab_fleet.pids()
+    fleet = lab_up(len(lab_fleet.hosts), lab_fleet.dir, lab_fleet.base_address)
+    assert fleet.started == []
+    assert {h.name: h.pid for h in fleet.hosts} == before
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@lab_mark
+def test_stale_state_with_dead_and_reused_pids_recovers(scratch_lab: LabHandle) -> None:
+    lab_down(scratch_lab.dir)
+    state = LabPaths(scratch_lab.dir).state
+    doc = json.loads(state.read_text())
+    doc["hosts"][0]["pid"] = _dead_pid()
+    doc["hosts"][1]["pid"] = os.getpid()  # a live process that is not our sshd: must survive
+    state.write_text(json.dumps(doc))
+    assert [s.state for s in lab_status(scratch_lab.dir)] == ["down", "down"]
+    fleet = lab_up(2, scratch_lab.dir, scratch_lab.base_address)
+    assert fleet.started == ["lab1", "lab2"]
+    assert all(h.state == "up" for h in fleet.hosts)
+    assert scratch_lab.ssh("lab2", "hostname").stdout.strip() == "lab2"
+
+
+@lab_mark
+def test_lost_state_adopts_running_hosts(scratch_lab: LabHandle) -> None:
+    before = scratch_lab.pids()
+    LabPaths(scratch_lab.dir).state.unlink()
+    fleet = lab_up(2, scratch_lab.dir, scratch_lab.base_address)
+    assert fleet.started == []
+    assert {h.name: h.pid for h in fleet.hosts} == before
+
+
+@lab_mark
+def test_lab_down_kills_only_our_pids(scratch_lab: LabHandle) -> None:
+    decoy = subprocess.Popen(["sleep", "60"])
+    try:
+        state = LabPaths(scratch_lab.dir).state
+        doc = json.loads(state.read_text())
+        doc["hosts"][1]["pid"] = decoy.pid  # lab.json now lies about lab2
+        state.write_text(json.dumps(doc))
+        statuses = lab_down(scratch_lab.dir)
+        assert decoy.poll() is None
+        assert [s.state for s in statuses] == ["down", "down"]
+        assert listeners_on(set(scratch_lab.addresses.values())) == []
+        assert LabPaths(scratch_lab.dir).known_hosts.exists()  # the folder stays
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+@lab_mark
+def test_stop_and_start_keep_address_and_key(scratch_lab: LabHandle) -> None:
+    scratch_lab.stop("lab1")
+    assert scratch_lab.ssh("lab1", "true", check=False).returncode == 255
+    assert scratch_lab.ssh("lab2", "hostname").stdout.strip() == "lab2"
+    scratch_lab.start("lab1")
+    assert scratch_lab.ssh("lab1", "hostname").stdout.strip() == "lab1"
+
+
+@lab_mark
+def test_rekeyed_host_is_refused(scratch_lab: LabHandle) -> None:
+    pinned = scratch_lab.known_hosts.read_text()
+    with scratch_lab.rekey("lab1"):
+        result = scratch_lab.ssh("lab1", "true", check=False)
+        assert result.returncode == 255
+        assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in result.stderr
+        assert "Host key verification failed" in result.stderr
+        assert scratch_lab.known_hosts.read_text() == pinned
+    assert scratch_lab.ssh("lab1", "hostname").stdout.strip() == "lab1"
+
+
+@lab_mark
+def test_cli_up_status_down(scratch_lab: LabHandle) -> None:
+    runner = CliRunner()
+    where = ["--dir", str(scratch_lab.dir)]
+    up = runner.invoke(lab, ["up", "--hosts", "2", *where, "--base-address", scratch_lab.base_address])
+    assert up.exit_code == 0, up.output
+    assert up.output.splitlines()[-1] == str(scratch_lab.inventory_path)
+    assert "0 started, 2 already up" in up.output
+    status = runner.invoke(lab, ["status", *where])
+    assert status.exit_code == 0 and "lab2" in status.output
+    down = runner.invoke(lab, ["down", *where])
+    assert down.exit_code == 0 and "stopped pid" in down.output
+    assert runner.invoke(lab, ["status", *where]).exit_code == 1
+
+
+def test_refuses_non_loopback_base_address(tmp_path: Path) -> None:
+    with pytest.raises(LabError, match="outside 127.0.0.0/8"):
+        lab_up(2, tmp_path, "10.0.0.0")
+    with pytest.raises(LabError, match="pass .254"):
+        lab_up(10, tmp_path, "127.0.5.250")
+
+
+def test_refuses_without_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError, match="the lab needs root"):
+        lab_up(2, tmp_path, "127.0.5.0")
+
+
+def test_refuses_a_folder_the_hosts_would_hide() -> None:
+    with pytest.raises(LabError, match="lies under /root"):
+        lab_up(1, "/root/lab", "127.0.5.0")
