@@ -42,7 +42,8 @@ def shell(fleet: Fleet, command: str, timeout: float | None = None) -> dict[str,
     for res in results.values():
         if res.ok and res.value is not None and res.value.rc != 0:
             res.status = Status.FAILED
-            res.reason = f"exited {res.value.rc}" + (f": {tail_text(res.value.stderr, 1)}" if res.value.stderr else "")
+            detail = tail_text(res.value.stderr, 1)
+            res.reason = f"exited {res.value.rc}" + (f": {detail}" if detail else "")
     return results
 
 
@@ -60,6 +61,7 @@ class OutputBlock:
 def gather(results: dict[str, HostResult[CommandResult]]) -> list[OutputBlock]:
     """Group hosts by (status, rc, stdout, stderr); failures keep their reason as stderr."""
     groups: dict[tuple[str, int | None, str, str], list[str]] = {}
+    key: tuple[str, int | None, str, str]
     for name, res in sorted(results.items()):
         if res.value is not None:
             key = (res.status.value, res.value.rc, res.value.stdout, res.value.stderr)

@@ -89,7 +89,7 @@ def _missing_python(check: dict[str, Any] | None) -> str | None:
         return None
     python = check.get("python", "?")
     if not check.get("exists", True):
-        return f"no venv at {check.get('path', '?')} (no python at {python})"
+        return f"no python at {python} (no folder {check.get('path', '?')})"
     link = check.get("python_link")
     # A venv copied from another host often links to an interpreter this host does not have.
     return f"no python at {python}" + (f" (dangling link to {link})" if link else "")

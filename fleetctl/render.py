@@ -104,3 +104,20 @@ def print_blocks(blocks: Sequence[Any]) -> None:
             out.print(Text(block.stdout.rstrip("\n")))
         if block.stderr:
             out.print(Text(block.stderr.rstrip("\n"), style="red"))
+
+
+def print_facts(results: dict[str, HostResult[Any]]) -> None:
+    """Facts as a matrix, fact x host, so differences between hosts stand out."""
+    from fleetctl.facts import facts_table_rows
+
+    per_host = {name: dict(facts_table_rows(r.value)) for name, r in results.items() if r.ok and r.value}
+    labels: list[str] = []
+    for rows in per_host.values():
+        labels += [label for label in rows if label not in labels]
+    out = console()
+    if per_host:
+        hosts = list(per_host)
+        rows = [[label, *(per_host[h].get(label, "") for h in hosts)] for label in labels if label != "host"]
+        out.print(table(None, ["fact", *hosts], rows))
+    print_failures(results)
+    out.print(summary_line(results))

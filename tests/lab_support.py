@@ -172,6 +172,7 @@ def shared_lab(directory: Path, hosts: int, base_address: str) -> Iterator[LabHa
 def private_lab(directory: Path, hosts: int, base_address: str) -> Iterator[LabHandle]:
     """A lab one test owns outright (destructive tests); purged afterwards."""
     with _flock(directory.parent / f"{directory.name}.lock"):
+        lab_down(directory, purge=True)  # whatever a killed run left behind
         try:
             yield LabHandle.from_fleet(lab_up(hosts, directory, base_address))
         finally:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 import yaml
 
+from fleetctl.cli.context import AppContext
 from fleetctl.errors import ExitCode
 from fleetctl.transport.base import HostResult
 
@@ -43,18 +44,18 @@ venv_option = click.option("--venv", metavar="PATH", help="The venv to inspect (
 
 def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        ctx.find_object(_app_type()).limit = value
+        _app(ctx).limit = value
 
 
 def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value:
-        ctx.find_object(_app_type()).json = True
+        _app(ctx).json = True
 
 
-def _app_type() -> type:
-    from fleetctl.cli.context import AppContext
-
-    return AppContext
+def _app(ctx: click.Context) -> AppContext:
+    app = ctx.find_object(AppContext)
+    assert app is not None, "the fleetctl group sets ctx.obj"
+    return app
 
 
 def host_options(fn: Any) -> Any:

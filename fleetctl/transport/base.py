@@ -8,7 +8,7 @@ and ``close``. Everything above it (agent, fan-out, core modules) is connector-a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ class Connector(Protocol):
     def close(self) -> None: ...
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     OK = "ok"
     FAILED = "failed"
     UNREACHABLE = "unreachable"

@@ -6,7 +6,6 @@ is replaced). A bastion (``jump_host`` or ``-o ProxyJump=``) goes through Fabric
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import deque
@@ -48,7 +47,7 @@ class ChannelStream:
         self.channel.settimeout(timeout)
         try:
             data: bytes = self.channel.recv(max_bytes)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError from None
         return data
 
@@ -98,24 +97,26 @@ class SSHConnector:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
                 conn = _connection(self.host, self.target)
-                self._connect(conn)
+                if conn.gateway is not None and self.target.jump is not None:
+                    self._connect(conn.gateway, self.target.jump, "bastion ")
+                self._connect(conn, self.target)
                 self._conn = conn
             return self._conn
 
-    def _connect(self, conn: Any) -> None:
+    def _connect(self, conn: Any, target: SSHTarget, role: str = "") -> None:
         import paramiko
 
-        where = f"{self.target.hostname}:{self.target.port}"
+        where = f"{role}{target.hostname}:{target.port}"
         try:
             conn.open()
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
-            raise hostkeys.changed_key_error(self.host, exc, self.target.known_hosts) from None
+            raise hostkeys.changed_key_error(self.host, exc, target.known_hosts) from None
         except paramiko.AuthenticationException as exc:
             raise ConnectError(
-                self.host, f"authentication failed for {self.target.user}@{where} "
-                f"(key {self.target.key_file or 'default'}): {exc}",
+                self.host, f"authentication failed for {target.user}@{where} "
+                f"(key {target.key_file or 'default'}): {exc}",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -147,5 +148,8 @@ class SSHConnector:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
+                gateway = self._conn.gateway
                 self._conn.close()
+                if gateway is not None and not isinstance(gateway, str):
+                    gateway.close()  # Fabric leaves the bastion's connection open
                 self._conn = None
