@@ -176,6 +176,8 @@ def _match_one(part: str, whole: str, index: HostIndex) -> list[str]:
     found_group, names = _enumerate(expr, index)
     if not names and not found_group:
         where = "" if expr == whole else f" (in '{whole}')"
+        if subscript is not None:  # gpu0[1-3] is no glob in Ansible: say so
+            where = f" (in '{whole}'; Ansible reads '{part[len(expr):]}' as a subscript)"
         raise PatternError(f"no hosts match '{expr}'{where}; groups: {index.groups_line()}")
     try:
         return _apply_subscript(names, subscript)

@@ -112,8 +112,8 @@ def print_facts(results: dict[str, HostResult[Any]]) -> None:
 
     per_host = {name: dict(facts_table_rows(r.value)) for name, r in results.items() if r.ok and r.value}
     labels: list[str] = []
-    for rows in per_host.values():
-        labels += [label for label in rows if label not in labels]
+    for facts in per_host.values():
+        labels += [label for label in facts if label not in labels]
     out = console()
     if per_host:
         hosts = list(per_host)

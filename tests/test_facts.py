@@ -32,6 +32,12 @@ needs_system_python = pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reas
 BUILTIN_GENERICS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 
 
+@pytest.fixture(autouse=True)
+def _plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyenv shims on PATH are shell wrappers costing ~150 ms each to ask for a version: keep them out.
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+
+
 def load_remote(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_remote_{name}", REMOTE / f"{name}.py")
     assert spec is not None and spec.loader is not None

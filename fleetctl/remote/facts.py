@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 GPU_QUERY_FIELDS = (
     "index,name,uuid,memory.total,driver_version,compute_cap,"
@@ -115,8 +116,7 @@ def find_pythons():
     for d in os.environ.get("PATH", "").split(os.pathsep) + list(PYTHON_DIRS):
         if d and d not in dirs:
             dirs.append(d)
-    found = []
-    versions = {}  # realpath -> (version, error): python3 and python3.11 are often one binary
+    paths = []
     for d in dirs:
         try:
             names = sorted(os.listdir(d))
@@ -124,13 +124,17 @@ def find_pythons():
             continue
         for name in names:
             path = os.path.join(d, name)
-            if not PYTHON_NAME.match(name) or not os.access(path, os.X_OK) or os.path.isdir(path):
-                continue
-            real = os.path.realpath(path)
-            if real not in versions:
-                versions[real] = python_version_of(path)
-            version, error = versions[real]
-            found.append({"path": path, "realpath": real, "version": version, "error": error})
+            if PYTHON_NAME.match(name) and os.access(path, os.X_OK) and not os.path.isdir(path):
+                paths.append((path, os.path.realpath(path)))
+    # python3 and python3.11 are often one binary: ask each real file once, in parallel, since
+    # wrappers such as pyenv shims take a few hundred ms each.
+    reals = sorted(set(real for _, real in paths))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        versions = dict(zip(reals, pool.map(python_version_of, reals)))
+    found = []
+    for path, real in paths:
+        version, error = versions[real]
+        found.append({"path": path, "realpath": real, "version": version, "error": error})
     return found
 
 
