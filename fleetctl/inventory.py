@@ -214,8 +214,11 @@ class _Lines:
 def _yaml_error(path: Path, exc: yaml.YAMLError) -> InventoryError:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
-    return InventoryError(f"{where}: YAML syntax error: {' '.join(str(problem).split())}")
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None and mark is not None and context_mark.line != mark.line:
+        problem = f"{problem} ({context} at line {context_mark.line + 1})"
+    return InventoryError(f"{where}: YAML error: {' '.join(str(problem).split())}")
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -332,7 +335,7 @@ class _Parser:
 
     def group(self, name: Any, body: Any, line: int, parent: str | None) -> None:
         if not isinstance(name, str) or not name:
-            raise self.error(line, f"group name {name!r} must be a non-empty string")
+            raise self.error(line, f"group name {name!r} must be a non-empty string (quote it)")
         self.groups.setdefault(name, _G(name))
         if parent is not None:
             self.link(parent, name, line)
@@ -361,7 +364,7 @@ class _Parser:
         if isinstance(value, str) and key != "vars":  # Ansible accepts 'hosts: ct129'
             return {value: None}
         if not isinstance(value, dict):
-            hint = " (write one 'name:' per line, not a list)" if isinstance(value, list) else ""
+            hint = " (write one 'name:' per line)" if isinstance(value, list) and key != "vars" else ""
             raise self.error(line, f"'{key}' of group '{group}' must be a mapping, got {_kind(value)}{hint}")
         return value
 
@@ -583,10 +586,11 @@ def _next(tokens: Sequence[str], i: int, var: str) -> str:
 def _check_jump(jump: str, var: str) -> str:
     user, _, rest = jump.rpartition("@")
     host, _, port = rest.partition(":")
+    what = f"jump host '{jump}'" + ("" if var == "jump_host" else f" (from {var})")
     if "," in jump:
-        raise _BadVar(f"{var}: chained jump hosts '{jump}' are not supported (use one [user@]host[:port])")
-    if not host or (user == "" and "@" in jump) or " " in jump or (port and not port.isdigit()):
-        raise _BadVar(f"{var}: jump host '{jump}' must look like [user@]host[:port]")
+        raise _BadVar(f"{what}: chained jump hosts are not supported (use one [user@]host[:port])")
+    if not host or (not user and "@" in jump) or " " in jump or (port and not port.isdigit()):
+        raise _BadVar(f"{what} must look like [user@]host[:port]")
     if port and not 1 <= int(port) <= 65535:
-        raise _BadVar(f"{var}: jump host '{jump}' has a bad port")
+        raise _BadVar(f"{what} has a bad port (expected 1-65535)")
     return jump

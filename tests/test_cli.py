@@ -38,7 +38,10 @@ def test_local_connection_runs_without_ssh_or_paramiko(local_inventory: Path) ->
 
 
 def test_help_does_not_import_the_ssh_stack() -> None:
-    code = "import sys; from fleetctl.cli.main import main; main(['--help']); print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'fabric', 'rich')))"
+    code = (
+        "import sys; from fleetctl.cli.main import main; main(['--help']);"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'fabric', 'rich')))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip().endswith("[]"), proc.stdout
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import glob
 import hashlib
 import importlib.util
 import json
@@ -29,6 +30,13 @@ REMOTE = Path(__file__).resolve().parent.parent / "fleetctl" / "remote"
 FIXTURES = Path(__file__).parent / "fixtures"
 SYSTEM_PYTHON = "/usr/bin/python3"
 needs_system_python = pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="no /usr/bin/python3")
+# The oldest Python the host-side scripts promise to run on, where this machine has one.
+PY38 = next(iter(sorted(glob.glob("/usr/bin/python3.8") + glob.glob(os.path.expanduser(
+    "~/.pyenv/versions/3.8*/bin/python3.8")))), None)
+CHILD_PYTHONS = [
+    pytest.param(SYSTEM_PYTHON, id="system-python3", marks=needs_system_python),
+    pytest.param(PY38, id="python3.8", marks=pytest.mark.skipif(PY38 is None, reason="no Python 3.8 here")),
+]
 BUILTIN_GENERICS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 
 
@@ -96,10 +104,10 @@ def test_facts_main_in_process(tmp_path: Path) -> None:
     assert "venv" not in answer
 
 
-@needs_system_python
-def test_facts_main_as_system_python_child(tmp_path: Path) -> None:
-    answer = run_child(SYSTEM_PYTHON, "facts", {}, tmp_path)
-    version = subprocess.run([SYSTEM_PYTHON, "-c", "import platform; print(platform.python_version())"],
+@pytest.mark.parametrize("python", CHILD_PYTHONS)
+def test_facts_main_as_child(python: str, tmp_path: Path) -> None:
+    answer = run_child(python, "facts", {}, tmp_path)
+    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert answer["interpreter"]["version"] == version
     assert set(answer["disks"]) == {"/", "/opt", "/var/lib"}
@@ -117,7 +125,8 @@ def _fake_smi(tmp_path: Path, body: str) -> str:
 def test_facts_with_a_fake_nvidia_smi_printing_the_h200_capture(tmp_path: Path) -> None:
     h200 = FIXTURES / "nvidia-smi" / "h200"
     smi = _fake_smi(tmp_path, f'echo "$@" > {tmp_path}/argv\ncase "$1" in\n'
-                              f'  --query-gpu=*) cat {h200}/query-gpu.csv ;;\n  *) cat {h200}/nvidia-smi.txt ;;\nesac\n')
+                              f'  --query-gpu=*) cat {h200}/query-gpu.csv ;;\n'
+                              f'  *) cat {h200}/nvidia-smi.txt ;;\nesac\n')
     answer = load_remote("facts").main({"nvidia_smi": smi})
     assert (tmp_path / "argv").read_text().strip() == ""  # plain nvidia-smi ran last
     assert answer["nvidia_smi"]["query"]["argv"][1:] == [
@@ -173,9 +182,9 @@ def test_venv_packages_in_process() -> None:
     assert "torch" not in sys.modules  # versions came from metadata, nothing was imported
 
 
-@needs_system_python
-def test_venv_packages_as_system_python_child(tmp_path: Path) -> None:
-    answer = run_child(SYSTEM_PYTHON, "venv_packages", {}, tmp_path)
+@pytest.mark.parametrize("python", CHILD_PYTHONS)
+def test_venv_packages_as_child(python: str, tmp_path: Path) -> None:
+    answer = run_child(python, "venv_packages", {}, tmp_path)
     assert answer["error"] is None and answer["soabi"]
     assert answer["packages"]["sglang"] is None
 
@@ -199,14 +208,15 @@ def _wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
     return wheel
 
 
-@pytest.fixture(scope="module")
-def ml_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=CHILD_PYTHONS)
+def ml_venv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real venv with pip-installed wheels: torch whose CUDA is only in torch/version.py (as on
     PyPI), the renamed sglang-kernel next to a stale sgl-kernel dist-info, and a duplicated flashinfer."""
     root = tmp_path_factory.mktemp("venv")
     venv = root / "ml-env"
-    python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = request.param
+    # --without-pip and the outer pip's --python: the same install, without 4 s of ensurepip.
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     wheels = [
         _wheel(root, "torch", "2.9.1", {"torch/__init__.py": "raise ImportError('never import torch')\n",
                                         "torch/version.py": "from typing import Optional\n"
@@ -214,8 +224,9 @@ def ml_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _wheel(root, "sglang-kernel", "0.3.21", {"sgl_kernel/__init__.py": ""}),
         _wheel(root, "flashinfer-python", "0.5.3", {"flashinfer/__init__.py": ""}),
     ]
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--disable-pip-version-check", *map(str, wheels)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", "--disable-pip-version-check", *map(str, wheels)],
+                   check=True, timeout=300)
     site = next((venv / "lib").glob("python3*/site-packages"))
     # What an overlay from an older host leaves behind: dist-infos pip did not install.
     for stale, old_name, old_version in [("flashinfer_python-0.4.1", "flashinfer-python", "0.4.1"),
@@ -228,12 +239,12 @@ def ml_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_venv_packages_read_from_the_venv(ml_venv: Path, tmp_path: Path) -> None:
     python = str(ml_venv / "bin" / "python")
-    answer = run_child(python, "venv_packages", {"packages": ["pip", "packaging"]}, tmp_path)
+    answer = run_child(python, "venv_packages", {"packages": ["pytest", "packaging"]}, tmp_path)
     assert answer["executable"] == python and answer["prefix"] == str(ml_venv) and answer["in_venv"]
     packages = answer["packages"]
     assert packages["torch"] == "2.9.1" and packages["sglang-kernel"] == "0.3.21"
-    assert packages["sgl-kernel"] == "0.3.16" and packages["sglang"] is None and packages["pip"]
-    assert packages["packaging"] is None  # the outer venv's packaging is not visible from this one
+    assert packages["sgl-kernel"] == "0.3.16" and packages["sglang"] is None
+    assert packages["pytest"] is None and packages["packaging"] is None  # the outer venv's stay outside
     assert answer["torch"] == {"version": "2.9.1", "cuda": "12.8", "hip": None, "source": "torch/version.py"}
     assert answer["dists"]["flashinfer"]["name"] == "flashinfer-python"
     assert sorted(answer["duplicates"]["flashinfer"]) == ["0.4.1", "0.5.3"]
@@ -279,6 +290,38 @@ def test_collect_facts_with_a_venv(ml_venv: Path, tmp_path: Path) -> None:
     assert rows["torch"] == "2.9.1 (CUDA 12.8)" and rows["sglang"] == "-"
     assert "DUPLICATE dist-info" in rows["flashinfer"]
     json.dumps(facts.to_dict())
+
+
+class AgentSession:
+    """The real agent over a local process, seen through the HostSession interface."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        from fleetctl.transport.agent import AgentClient
+        from fleetctl.transport.local import LocalConnector
+
+        self.vars: dict[str, Any] = {}
+        self.client = AgentClient("local", LocalConnector("local"), [SYSTEM_PYTHON])
+        self.call = self.client.call
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        raise NotImplementedError
+
+
+@needs_system_python
+def test_collect_facts_through_the_real_agent(ml_venv: Path) -> None:
+    session = AgentSession()
+    try:
+        facts = collect_facts(session, str(ml_venv))
+        missing = collect_facts(session, "/nonexistent/ml-env")
+    finally:
+        session.client.close()
+    assert facts.hostname == socket.gethostname() and facts.interpreter.path == SYSTEM_PYTHON
+    assert facts.venv is not None and facts.venv.error is None
+    assert (facts.venv.packages["torch"], facts.venv.torch_cuda) == ("2.9.1", "12.8")
+    assert missing.venv is not None and missing.venv.error is not None
+    assert missing.venv.error.startswith("no python at /nonexistent/ml-env/bin/python")
 
 
 def test_collect_facts_missing_venv_is_a_fact_not_a_crash(tmp_path: Path) -> None:

@@ -141,17 +141,16 @@ def find_pythons():
 def python_version_of(path):
     try:
         proc = subprocess.run(
-            [path, "-c", VERSION_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            timeout=PYTHON_TIMEOUT_S, universal_newlines=True,
+            [path, "-c", VERSION_SNIPPET], capture_output=True, timeout=PYTHON_TIMEOUT_S, text=True,
         )
     except subprocess.TimeoutExpired:
-        return None, "timed out after %gs" % PYTHON_TIMEOUT_S
+        return None, f"timed out after {PYTHON_TIMEOUT_S:g}s"
     except OSError as exc:
         return None, str(exc)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         first = lines[0][:300] if lines else ""  # e.g. "pyenv: python3.10: command not found"
-        return None, "exited %d: %s" % (proc.returncode, first)
+        return None, f"exited {proc.returncode}: {first}"
     return proc.stdout.strip() or None, None
 
 
@@ -181,11 +180,11 @@ def run_capture(argv, timeout=SMI_TIMEOUT_S):
     result = {"argv": argv, "rc": None, "stdout": "", "stderr": "", "error": None}
     try:
         proc = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+            argv, capture_output=True, timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        result["error"] = "timed out after %gs" % timeout
+        result["error"] = f"timed out after {timeout:g}s"
         return result
     except OSError as exc:
         result["error"] = str(exc)

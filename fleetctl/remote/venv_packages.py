@@ -37,7 +37,7 @@ def main(params):
     answer = {
         "schema": 1,
         "executable": sys.executable,
-        "version": "%d.%d.%d" % tuple(sys.version_info[:3]),
+        "version": ".".join(str(n) for n in sys.version_info[:3]),
         "full_version": sys.version,
         "prefix": sys.prefix,
         "base_prefix": getattr(sys, "base_prefix", sys.prefix),
@@ -52,7 +52,7 @@ def main(params):
         "error": None,
     }
     if metadata is None:
-        answer["error"] = "importlib.metadata not available on Python %s" % answer["version"]
+        answer["error"] = f"importlib.metadata not available on Python {answer['version']}"
         return answer
     index = index_distributions()
     wanted = list(STACK) + [(name, (name,)) for name in params.get("packages") or ()]
@@ -109,7 +109,7 @@ def torch_build(dist):
     version = dist.version
     m = CUDA_SUFFIX.search(version)
     if m:  # 2.9.1+cu128 -> 12.8
-        return {"version": version, "cuda": "%s.%s" % (m.group(1), m.group(2)), "hip": None,
+        return {"version": version, "cuda": f"{m.group(1)}.{m.group(2)}", "hip": None,
                 "source": "version suffix"}
     text = read_dist_file(dist, "torch/version.py")
     if text is None:
