@@ -24,6 +24,7 @@ from fleetctl.inventory import Inventory, load_inventory
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".cache" / "ansible-venv"
 RICH = Path(__file__).resolve().parent / "fixtures" / "inventory" / "rich" / "hosts.yml"
+EXAMPLE = REPO / "inventory" / "example.yml"
 EXTRA = {"rung": "extra", "nested": {"x": 1}}
 
 PATTERNS = [
@@ -95,6 +96,7 @@ def answers(ansible: Callable[[Sequence[str]], str]) -> dict[str, str]:
     calls: dict[str, list[str]] = {
         f"host:{h}": ["ansible-inventory", "-i", inv, "--host", h] for h in listing["_meta"]["hostvars"]
     }
+    calls["example"] = ["ansible-inventory", "-i", str(EXAMPLE), "--list"]
     calls["extra:ct129"] = ["ansible-inventory", "-i", inv, "--host", "ct129", "-e", json.dumps(EXTRA)]
     for p in PATTERNS + NO_MATCH:
         calls[f"pattern:{p}"] = ["ansible", p, "-i", inv, "--list-hosts"]
@@ -174,3 +176,12 @@ def test_no_match_raises_where_ansible_finds_nothing(
     assert _listed_hosts(answers[f"pattern:{pattern}"]) == set()
     with pytest.raises(PatternError, match="no hosts match"):
         ours.select(pattern)
+
+
+def test_example_inventory_matches_ansible(answers: dict[str, str]) -> None:
+    listing = json.loads(answers["example"])
+    example = load_inventory(EXAMPLE)
+    assert {h.name: h.vars for h in example.hosts.values()} == listing["_meta"]["hostvars"]
+    for name, entry in listing.items():
+        if name not in ("_meta", "all"):
+            assert set(example.groups[name].hosts) == set(entry.get("hosts", [])), name

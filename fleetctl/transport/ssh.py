@@ -131,7 +131,11 @@ class SSHConnector:
             res = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
         except CommandTimedOut as exc:
             raise CommandError(self.host, command, None, tail_text(exc.result.stderr)) from None
-        return CommandResult(command, res.exited, res.stdout, res.stderr, time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        # Invoke can return (exit -1) before its timer thread has finished: still a timeout.
+        if timeout is not None and res.exited == -1 and elapsed >= timeout:
+            raise CommandError(self.host, command, None, tail_text(res.stderr))
+        return CommandResult(command, res.exited, res.stdout, res.stderr, elapsed)
 
     def put(self, local_path: str, remote_path: str) -> None:
         self._open().put(local_path, remote_path)

@@ -1,0 +1,101 @@
+"""The agent over real SSH on lab hosts: many requests on one channel, errors, death, cleanup."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from lab_support import LabHandle
+
+from fleetctl.errors import AgentError, RemoteOperationError
+from fleetctl.inventory import load_inventory
+from fleetctl.transport.base import Status
+from fleetctl.transport.fleet import Fleet, HostContext
+
+pytestmark = pytest.mark.lab
+
+
+def _gone(pid: int) -> bool:
+    # Lab hosts share this machine's pid namespace, so their processes are visible here.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not _gone(p)]
+
+
+def test_many_requests_one_agent_per_host_and_none_left_after(lab_fleet: LabHandle) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("all")) as fleet:
+        def many(ctx: HostContext) -> set[int]:
+            return {ctx.call("selftest", {"action": "echo", "data": i})["pid"] for i in range(30)}
+
+        results = fleet.map(many)
+        again = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])
+    pids = []
+    for name, res in results.items():
+        assert res.ok, res.reason
+        assert res.value is not None and len(res.value) == 1  # one agent process served all 30
+        assert again[name].value in res.value  # and it was reused by the next fan-out
+        pids.extend(res.value)
+    assert _wait_gone(pids) == [], "an agent outlived its run"
+
+
+def test_remote_exception_is_structured_and_agent_goes_on(lab_fleet: LabHandle) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab1")) as fleet:
+        ctx = fleet.contexts["lab1"]
+        pid = ctx.call("selftest", {"action": "echo"})["pid"]
+        with pytest.raises(RemoteOperationError) as err:
+            ctx.call("selftest", {"action": "raise", "message": "bad on lab1"})
+        assert err.value.host == "lab1"
+        assert err.value.etype == "RuntimeError"
+        assert 'File "<fleetctl-remote:selftest>"' in err.value.remote_traceback
+        assert ctx.call("selftest", {"action": "echo"})["pid"] == pid
+
+
+def test_agent_killed_mid_run_is_reported_and_restarted_once(lab_fleet: LabHandle) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab1:lab2")) as fleet:
+        first = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])
+        os.kill(first["lab1"].value or 0, 9)
+        second = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])
+        assert second["lab1"].status is Status.FAILED
+        assert "agent died" in second["lab1"].reason
+        assert second["lab2"].ok and second["lab2"].value == first["lab2"].value  # the other host goes on
+        third = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])
+        assert third["lab1"].ok and third["lab1"].value != first["lab1"].value  # restarted once
+        with pytest.raises(AgentError):
+            fleet.contexts["lab1"].call("selftest", {"action": "die"})
+        with pytest.raises(AgentError, match="not restarting"):
+            fleet.contexts["lab1"].call("selftest", {"action": "echo"})
+
+
+def test_hung_operation_times_out_and_its_agent_ends(lab_fleet: LabHandle) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab3")) as fleet:
+        ctx = fleet.contexts["lab3"]
+        pid = ctx.call("selftest", {"action": "echo"})["pid"]
+        with pytest.raises(AgentError, match="no answer within 1s"):
+            ctx.call("selftest", {"action": "sleep", "seconds": 120}, timeout=1)
+        assert _wait_gone([pid]) == [], "the hung agent survived its closed channel"
+        assert ctx.call("selftest", {"action": "echo"})["pid"] != pid
+
+
+def test_venv_interpreter_child_on_a_lab_host(lab_fleet: LabHandle) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab2")) as fleet:
+        ctx = fleet.contexts["lab2"]
+        assert ctx.run("/usr/bin/python3 -m venv --without-pip /opt/agent-venv").rc == 0
+        got = ctx.call("selftest", {"action": "interpreter"}, python="/opt/agent-venv/bin/python")
+        assert got["prefix"] == "/opt/agent-venv"
+        ctx.run("rm -rf /opt/agent-venv")
