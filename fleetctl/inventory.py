@@ -77,6 +77,8 @@ class Group:
 
 @dataclass(frozen=True)
 class Inventory:
+    """A loaded inventory: every host with merged vars, every group, and pattern selection."""
+
     path: Path
     hosts: dict[str, Host]  # in inventory order
     groups: dict[str, Group]  # always has 'all' and 'ungrouped'

@@ -107,17 +107,28 @@ def print_blocks(blocks: Sequence[Any]) -> None:
 
 
 def print_facts(results: dict[str, HostResult[Any]]) -> None:
-    """Facts as a matrix, fact x host, so differences between hosts stand out."""
+    """Facts gathered like ``clush -b``: a value all hosts share is shown once, differences by host."""
     from fleetctl.facts import facts_table_rows
 
     per_host = {name: dict(facts_table_rows(r.value)) for name, r in results.items() if r.ok and r.value}
     labels: list[str] = []
     for facts in per_host.values():
-        labels += [label for label in facts if label not in labels]
+        labels += [label for label in facts if label not in labels and label != "host"]
     out = console()
     if per_host:
-        hosts = list(per_host)
-        rows = [[label, *(per_host[h].get(label, "") for h in hosts)] for label in labels if label != "host"]
-        out.print(table(None, ["fact", *hosts], rows))
+        rows = [[label, gathered({h: f.get(label, "-") for h, f in per_host.items()})] for label in labels]
+        title = f"facts of {len(per_host)} hosts ({', '.join(per_host)}); a value shown once is the same on all"
+        out.print(table(title, ["fact", "value"], rows))
     print_failures(results)
     out.print(summary_line(results))
+
+
+def gathered(values: dict[str, str]) -> str:
+    """One value when every host agrees, else ``hosts: value`` lines, the largest group first."""
+    groups: dict[str, list[str]] = {}
+    for host, value in values.items():
+        groups.setdefault(value, []).append(host)
+    if len(groups) == 1:
+        return next(iter(groups))
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+    return "\n".join(f"{','.join(hosts)}: {value}" for value, hosts in ordered)

@@ -1,0 +1,47 @@
+"""Rendering: gathered values, JSON envelopes, and host output never read as markup."""
+
+from __future__ import annotations
+
+from fleetctl.adhoc import gather
+from fleetctl.render import gathered, results_json
+from fleetctl.transport.base import CommandResult, HostResult, Status
+
+
+def test_gathered_shows_a_shared_value_once() -> None:
+    assert gathered({"a": "3.11", "b": "3.11"}) == "3.11"
+    assert gathered({"a": "x", "b": "y", "c": "y"}) == "b,c: y\na: x"
+
+
+def test_gather_groups_hosts_by_identical_output() -> None:
+    def ok(out: str) -> CommandResult:
+        return CommandResult("c", 0, out, "")
+
+    results = {
+        "h1": HostResult("h1", Status.OK, ok("same\n")),
+        "h2": HostResult("h2", Status.OK, ok("same\n")),
+        "h3": HostResult("h3", Status.OK, ok("other\n")),
+        "h4": HostResult("h4", Status.UNREACHABLE, reason="cannot connect"),
+    }
+    blocks = gather(results)
+    assert [(b.hosts, b.stdout, b.status) for b in blocks] == [
+        (("h1", "h2"), "same\n", "ok"), (("h3",), "other\n", "ok"), (("h4",), "", "unreachable")]
+    assert blocks[-1].stderr == "cannot connect"
+
+
+def test_results_json_keeps_failures_and_drops_tracebacks() -> None:
+    results = {
+        "a": HostResult("a", Status.OK, value=1),
+        "b": HostResult("b", Status.FAILED, reason="boom", details={"rc": 2, "traceback": "secret frames"}),
+    }
+    doc = results_json(results, lambda v: v * 10)
+    assert doc == {"hosts": {"a": {"status": "ok", "value": 10},
+                             "b": {"status": "failed", "reason": "boom", "rc": 2}},
+                   "summary": {"ok": 1, "failed": 1, "unreachable": 0}}
+
+
+def test_host_output_is_not_rich_markup(capsys) -> None:  # type: ignore[no-untyped-def]
+    from fleetctl.render import print_blocks
+
+    block = gather({"h": HostResult("h", Status.OK, CommandResult("c", 0, "[bold]x[/bold] [red]", ""))})
+    print_blocks(block)
+    assert "[bold]x[/bold] [red]" in capsys.readouterr().out
