@@ -21,9 +21,10 @@ deps: $(STAMP) sshd
 
 # The lab hosts are real OpenSSH servers; the tests drive them with the real ssh client too.
 sshd:
-	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null; then \
-	  echo "installing openssh-server, openssh-client, util-linux"; \
-	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux >/dev/null; \
+	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null \
+	    || ! dpkg -s python3-venv >/dev/null 2>&1; then \
+	  echo "installing openssh-server, openssh-client, util-linux, python3-venv"; \
+	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv >/dev/null; \
 	fi
 
 demo: deps
@@ -44,8 +45,8 @@ bench: deps
 	$(BIN)/python bench/run.py
 
 lab-down: $(STAMP)
-	$(BIN)/fleetctl lab down --dir .fleetctl/lab
+	$(BIN)/fleetctl lab down
 
 clean:
-	-$(BIN)/fleetctl lab down --dir .fleetctl/lab
+	-$(BIN)/fleetctl lab down
 	rm -rf $(VENV) .fleetctl .cache .mypy_cache .ruff_cache

@@ -17,12 +17,13 @@ from pathlib import Path
 from types import TracebackType
 
 from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_status, lab_up, rekey_host, start_host, stop_host
+from fleetctl.lab.state import default_lab_dir
 
 REPO = Path(__file__).resolve().parent.parent
-SESSION_LAB_DIR = REPO / ".fleetctl" / "test-lab"
+SESSION_LAB_DIR = default_lab_dir("test-lab", REPO)  # outside REPO when REPO is under /root
 SESSION_LAB_BASE = "127.0.77.0"
 SESSION_LAB_HOSTS = 3
-SCRATCH_LAB_DIR = REPO / ".fleetctl" / "test-lab-scratch"
+SCRATCH_LAB_DIR = default_lab_dir("test-lab-scratch", REPO)
 SCRATCH_LAB_BASE = "127.0.78.0"
 SCRATCH_LAB_HOSTS = 2
 

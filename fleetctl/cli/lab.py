@@ -10,15 +10,16 @@ import click
 
 from fleetctl.errors import ExitCode
 from fleetctl.lab import LabHostStatus, lab_down, lab_status, lab_up
+from fleetctl.lab.state import default_lab_dir
 
-DEFAULT_DIR = Path(".fleetctl/lab")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _dir_option(func: F) -> F:
     option = click.option(
-        "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR,
-        show_default=True, help="Folder holding the lab's keys, inventory and per-host files.",
+        "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=default_lab_dir,
+        show_default=".fleetctl/lab, or /var/tmp/fleetctl-*/lab when this folder is under /root",
+        help="Folder holding the lab's keys, inventory and per-host files.",
     )
     return option(func)
 

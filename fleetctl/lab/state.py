@@ -84,12 +84,32 @@ class LabState:
         raise LabError(f"no lab host named {name!r} (hosts: {known})")
 
 
+def hidden_by_hosts(path: Path) -> str | None:
+    """The private mount that would hide ``path`` from inside a lab host, if any."""
+    for _, target in PRIVATE_MOUNTS:
+        if path == Path(target) or Path(target) in path.parents:
+            return target
+    return None
+
+
+def default_lab_dir(name: str = "lab", cwd: Path | None = None) -> Path:
+    """``.fleetctl/NAME`` in the working folder, or under /var/tmp when that folder lies under
+    /root, /opt, ... (a checkout in /root is common, and each lab host hides /root)."""
+    base = (cwd or Path.cwd()).absolute()
+    if hidden_by_hosts(base) is None:
+        return base / ".fleetctl" / name
+    import hashlib
+
+    return Path("/var/tmp") / f"fleetctl-{hashlib.sha256(str(base).encode()).hexdigest()[:8]}" / name
+
+
 def resolve_dir(directory: Path | str) -> Path:
     """An absolute lab folder that is not hidden by a host's own private mounts."""
     path = Path(directory).expanduser().absolute()
-    for _, target in PRIVATE_MOUNTS:
-        if path == Path(target) or Path(target) in path.parents:
-            raise LabError(f"the lab folder {path} lies under {target}, which each lab host replaces")
+    hidden = hidden_by_hosts(path)
+    if hidden:
+        raise LabError(f"the lab folder {path} lies under {hidden}, which each lab host replaces; "
+                       "pass --dir elsewhere (e.g. /var/tmp/fleetctl-lab)")
     return path
 
 

@@ -1,0 +1,132 @@
+"""What the benchmark times: whole fleetctl commands, plain OpenSSH fan-outs, the agent claim.
+
+Every sample is checked (exit status and output) before it counts: a fast failure is not a result.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEETCTL = ROOT / ".venv" / "bin" / "fleetctl"
+PY_NODE = "import platform;print(platform.node())"
+
+
+class BenchError(RuntimeError):
+    """A measured command did not do its job."""
+
+
+def fleetctl_job(inventory: Path, args: list[str], hosts: int) -> Callable[[], float]:
+    """One whole `fleetctl -i INV ... --json` process; every host must be ok."""
+    argv = [str(FLEETCTL), "-i", str(inventory), *args, "--json"]
+
+    def run() -> float:
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        took = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise BenchError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        ok = json.loads(proc.stdout)["summary"]["ok"]
+        if ok != hosts:
+            raise BenchError(f"{shlex.join(argv)}: {ok} of {hosts} hosts ok")
+        return took
+
+    return run
+
+
+def ssh_argv(lab_dir: Path, address: str, remote: str) -> list[str]:
+    """Plain OpenSSH with the lab's key and pinned host keys (checking stays on)."""
+    return [
+        "ssh", "-F", "/dev/null", "-i", str(lab_dir / "id_ed25519"),
+        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={lab_dir / 'known_hosts'}",
+        "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", f"root@{address}", remote,
+    ]
+
+
+def openssh_job(
+    lab_dir: Path, addresses: list[str], remote: str, expect: Callable[[int, str], bool],
+) -> Callable[[], float]:
+    """The lower bound: one `ssh HOST CMD` per host, all started at once, then all waited for."""
+    argvs = [ssh_argv(lab_dir, a, remote) for a in addresses]
+
+    def run() -> float:
+        start = time.perf_counter()
+        procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
+        outs = [p.communicate() for p in procs]
+        took = time.perf_counter() - start
+        for n, (proc, (out, err)) in enumerate(zip(procs, outs, strict=True), start=1):
+            if proc.returncode != 0 or not expect(n, out.strip()):
+                raise BenchError(f"ssh {addresses[n - 1]} {remote!r}: rc {proc.returncode}, {out!r} {err!r}")
+        return took
+
+    return run
+
+
+def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order."""
+    samples: dict[str, list[float]] = {name: [] for name in jobs}
+    for i in range(warmup + runs):
+        for name, job in jobs.items():
+            took = job()
+            if i >= warmup:
+                samples[name].append(took)
+    return samples
+
+
+def agent_claim(inventory_path: Path, ops: int, runs: int) -> dict[str, list[float]]:
+    """In-process, one host: `ops` python3 -c execs over one Fabric connection vs `ops` agent requests.
+
+    Connection setup and the agent's start are timed on their own (every round opens fresh
+    ones), so the per-batch samples hold only the operations themselves.
+    """
+    from fleetctl.inventory import load_inventory
+    from fleetctl.transport.agent import AgentClient
+    from fleetctl.transport.fleet import RunSettings, interpreters, make_connector
+
+    inventory = load_inventory(inventory_path)
+    host = inventory.select("lab1")[0]
+    python = host.connection.python or "python3"
+    exec_cmd = f"{shlex.quote(python)} -c {shlex.quote(PY_NODE)}"
+    names = ["connect (Fabric)", "agent start", "execs", "agent requests"]
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(1 + runs):  # round 0 is the warm-up
+        got: dict[str, float] = {}
+        conn: Any = make_connector(inventory, host, RunSettings())
+        try:
+            start = time.perf_counter()
+            conn._open()  # connection and authentication only
+            got["connect (Fabric)"] = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(ops):
+                res = conn.run(exec_cmd, timeout=30)
+                if res.rc != 0 or res.stdout.strip() != "lab1":
+                    raise BenchError(f"exec on lab1: rc {res.rc} {res.stdout!r} {res.stderr!r}")
+            got["execs"] = time.perf_counter() - start
+        finally:
+            conn.close()
+        conn = make_connector(inventory, host, RunSettings())
+        agent = AgentClient(host.name, conn, interpreters(host.connection))
+        try:
+            conn._open()
+            start = time.perf_counter()
+            agent.ping()  # starts the agent: exec channel, hello, first round trip
+            agent.call("selftest", {"action": "echo", "data": -1})  # ships the module source once
+            got["agent start"] = time.perf_counter() - start
+            start = time.perf_counter()
+            for n in range(ops):
+                if agent.call("selftest", {"action": "echo", "data": n})["echo"] != n:
+                    raise BenchError("agent echo came back wrong")
+            got["agent requests"] = time.perf_counter() - start
+        finally:
+            agent.close()
+            conn.close()
+        if i >= 1:
+            for name in names:
+                samples[name].append(got[name])
+    return samples
