@@ -40,20 +40,20 @@ def fleetctl_job(inventory: Path, args: list[str], hosts: int) -> Callable[[], f
     return run
 
 
-def ssh_argv(lab_dir: Path, address: str, remote: str) -> list[str]:
+def ssh_argv(lab_dir: Path, address: str, remote: str, extra: tuple[str, ...] = ()) -> list[str]:
     """Plain OpenSSH with the lab's key and pinned host keys (checking stays on)."""
     return [
-        "ssh", "-F", "/dev/null", "-i", str(lab_dir / "id_ed25519"),
+        "ssh", "-F", "/dev/null", *extra, "-i", str(lab_dir / "id_ed25519"),
         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={lab_dir / 'known_hosts'}",
         "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", f"root@{address}", remote,
     ]
 
 
 def openssh_job(
-    lab_dir: Path, addresses: list[str], remote: str, expect: Callable[[int, str], bool],
+    lab_dir: Path, addresses: list[str], remote: str, expect: Callable[[int, str], bool], extra: tuple[str, ...] = (),
 ) -> Callable[[], float]:
     """The lower bound: one `ssh HOST CMD` per host, all started at once, then all waited for."""
-    argvs = [ssh_argv(lab_dir, a, remote) for a in addresses]
+    argvs = [ssh_argv(lab_dir, a, remote, extra) for a in addresses]
 
     def run() -> float:
         start = time.perf_counter()

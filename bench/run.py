@@ -10,6 +10,7 @@ bench/results.json, and takes the lab down again, also on error.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from fleetctl.lab import lab_down, lab_up  # noqa: E402
 
 LAB_DIR = HERE.parent / ".fleetctl" / "bench-lab"
 BASE = "127.0.90.0"
+# paramiko (fleetctl) and OpenSSH 9.2 agree on curve25519; OpenSSH alone defaults to sntrup761x25519.
+SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")
 
 
 def host_counts(text: str) -> list[int]:
@@ -39,18 +42,27 @@ def host_counts(text: str) -> list[int]:
 
 
 def fleet_samples(count: int, runs: int) -> dict[str, dict[str, list[float]]]:
-    """Bring the lab to `count` hosts, then alternate the four commands for `runs` rounds."""
+    """Bring the lab to `count` hosts, then alternate the commands for `runs` rounds."""
     fleet = lab_up(count, LAB_DIR, BASE)
     print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s ({fleet.inventory_path})", flush=True)
     inv = fleet.inventory_path
     addrs = [h.address for h in fleet.hosts]
     node = f"/usr/bin/python3 -c {shlex.quote(jobs.PY_NODE)}"
     kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
+
+    def is_node(n: int, out: str) -> bool:
+        return out == f"lab{n}"
+
+    def is_kernel(n: int, out: str) -> bool:
+        return out == kernel
+
     order = {
         ("ping", "fleetctl"): jobs.fleetctl_job(inv, ["ping"], count),
-        ("ping", "openssh"): jobs.openssh_job(LAB_DIR, addrs, node, lambda n, out: out == f"lab{n}"),
+        ("ping", "openssh"): jobs.openssh_job(LAB_DIR, addrs, node, is_node),
+        ("ping", "openssh-x25519"): jobs.openssh_job(LAB_DIR, addrs, node, is_node, SAME_KEX),
         ("shell", "fleetctl"): jobs.fleetctl_job(inv, ["shell", "uname -r"], count),
-        ("shell", "openssh"): jobs.openssh_job(LAB_DIR, addrs, "uname -r", lambda n, out: out == kernel),
+        ("shell", "openssh"): jobs.openssh_job(LAB_DIR, addrs, "uname -r", is_kernel),
+        ("shell", "openssh-x25519"): jobs.openssh_job(LAB_DIR, addrs, "uname -r", is_kernel, SAME_KEX),
     }
     flat = jobs.rounds({f"{j}/{t}": fn for (j, t), fn in order.items()}, runs)
     out: dict[str, dict[str, list[float]]] = {}
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     command = ".venv/bin/python bench/run.py " + shlex.join(given) if given else "make bench"
     doc: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": report.machine(), "command": command,
-        "runs": args.runs, "warmup": 1, "fleet": {},
+        "runs": args.runs, "warmup": 1, "load_before": os.getloadavg()[0], "fleet": {},
     }
     started = time.monotonic()
     try:
@@ -85,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lab_down(LAB_DIR, purge=True)
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
+    doc["load_after"] = os.getloadavg()[0]
     print(report.write(doc))
     print(f"(took {doc['elapsed_s']}s; wrote {HERE / 'results.md'} and {HERE / 'results.json'})")
     return 0

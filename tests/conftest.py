@@ -50,3 +50,12 @@ def scratch_lab() -> Iterator[LabHandle]:
         pytest.skip(why)
     with private_lab(SCRATCH_LAB_DIR, SCRATCH_LAB_HOSTS, SCRATCH_LAB_BASE) as handle:
         yield handle
+
+
+@pytest.fixture(scope="session")
+def sglang_lab(lab_fleet: LabHandle) -> LabHandle:
+    """The session lab with real sglang venvs at /root/ml-env: lab1, lab3 0.5.23; lab2 0.5.9."""
+    from sglang_support import LAYOUT, install_layout
+
+    install_layout(lab_fleet, LAYOUT)
+    return lab_fleet
