@@ -95,7 +95,9 @@ class LabHandle:
                 "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
                 "-i", str(self.key_path)]
 
-    def ssh(self, name: str, command: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def ssh(
+        self, name: str, command: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         argv = ["ssh", *self.ssh_options(), f"root@{self.addresses[name]}", command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
 
