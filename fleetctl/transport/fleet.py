@@ -21,7 +21,8 @@ from fleetctl.transport.agent import AgentClient, AgentInfo
 from fleetctl.transport.base import CommandResult, Connector, HostResult, Status
 
 if TYPE_CHECKING:
-    from fleetctl.inventory import ConnectionSpec, Host, Inventory
+    from fleetctl.connection import ConnectionSpec
+    from fleetctl.inventory import Host, Inventory
     from fleetctl.transport.ssh import SSHTarget
 
 T = TypeVar("T")
