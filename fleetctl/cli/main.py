@@ -15,6 +15,7 @@ from fleetctl import __version__
 from fleetctl.cli import options
 from fleetctl.cli.adhoc import facts, ping, shell
 from fleetctl.cli.context import AppContext
+from fleetctl.cli.drift import drift
 from fleetctl.cli.hosts import hosts
 from fleetctl.cli.lab import lab
 from fleetctl.cli.probe import probe
@@ -45,7 +46,7 @@ def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks
     ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
 
 
-for command in (hosts, ping, shell, facts, probe, lab):
+for command in (hosts, ping, shell, facts, probe, drift, lab):
     cli.add_command(command)
 
 

@@ -34,6 +34,8 @@ VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 
 def main(params):
     params = params or {}
+    if params.get("gpu_only"):  # drift needs the GPU stack alone: skip the slower discovery
+        return {"schema": 1, "nvidia_smi": nvidia_smi(params.get("nvidia_smi"))}
     disk_paths = params.get("disk_paths") or DEFAULT_DISK_PATHS
     answer = {
         "schema": 1,

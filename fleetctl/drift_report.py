@@ -1,0 +1,176 @@
+"""Drift reports for people and programs: the package x host matrix, JSON, markdown, HTML.
+
+Pure functions of a ``DriftReport``; the CLI picks one. The HTML is one self-contained file
+(inline CSS, no external assets), rendered with autoescaping: names and paths come from hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl.drift import INFO_KINDS, DriftReport, Kind
+
+TEMPLATES = Path(__file__).resolve().parent / "report_templates"
+# Which finding class colours a matrix cell, strongest first.
+CELL_KINDS = (Kind.DUPLICATE, Kind.MISSING, Kind.EXTRA, Kind.VERSION, Kind.STACK)
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    kind: str  # "" when the host agrees with the baseline
+
+
+@dataclass(frozen=True)
+class Matrix:
+    columns: list[str]  # "baseline" first, then hosts
+    rows: list[tuple[str, list[Cell]]]
+
+
+def matrix(report: DriftReport, show_all: bool = False) -> Matrix:
+    hosts = list(report.inventories)
+    if report.baseline.host in hosts:
+        hosts.remove(report.baseline.host)
+        hosts.insert(0, report.baseline.host)
+    kinds = {(f.host, f.package): f.kind for fs in report.findings.values() for f in reversed(fs)
+             if f.kind in CELL_KINDS}
+    rows = []
+    stack_rows = list(report.baseline.stack) or [r for inv in report.inventories.values() for r in inv.stack][:6]
+    for row in stack_rows:
+        cells = [Cell(str(report.inventories[h].stack.get(row) or "-"), (kinds.get((h, row)) or "")) for h in hosts]
+        rows.append((row, [Cell(str(report.baseline.stack.get(row) or "-"), ""), *cells]))
+    names = sorted(set(report.baseline.versions) | {n for inv in report.inventories.values() for n in inv.dists})
+    for name in names:
+        cells = [Cell(report.inventories[h].version(name) or "-", _cell_kind(kinds, h, name)) for h in hosts]
+        rows.append((name, [Cell(report.baseline.versions.get(name, "-"), ""), *cells]))
+    if not show_all:
+        rows = [(name, cells) for name, cells in rows if any(c.kind for c in cells[1:])]
+    return Matrix(["baseline", *hosts], rows)
+
+
+def _cell_kind(kinds: dict[tuple[str, str | None], Kind], host: str, name: str) -> str:
+    kind = kinds.get((host, name))
+    return kind.value if kind else ""
+
+
+def to_json(report: DriftReport, show_all: bool = False) -> dict[str, Any]:
+    m = matrix(report, show_all)
+    return {
+        "baseline": {"source": report.baseline.source, "host": report.baseline.host,
+                     "versions": report.baseline.versions, "stack": report.baseline.stack},
+        "summary": {
+            "line": report.summary(), "hosts": len(report.inventories) + len(report.failed),
+            "drifting_hosts": report.drifting_hosts, "differing_packages": report.differing_packages(),
+            "counts": {k.value: report.count(k) for k in Kind if report.count(k)},
+        },
+        "hosts": {
+            **{h: {"status": "ok", "venv": inv.venv, "python": inv.python, "stack": inv.stack,
+                   "files_checked": (inv.files or {}).get("checked"),
+                   "findings": [f.to_dict() for f in report.findings[h]]} for h, inv in report.inventories.items()},
+            **{h: {"status": r.status.value, "reason": r.reason} for h, r in report.failed.items()},
+        },
+        "matrix": {"columns": m.columns, "rows": [{"name": n, "cells": [c.__dict__ for c in cells]}
+                                                  for n, cells in m.rows]},
+    }
+
+
+def _md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(report: DriftReport, show_all: bool = False) -> str:
+    m = matrix(report, show_all)
+    lines = [f"## Drift audit: {_md(report.summary())}", "", f"Baseline: {_md(report.baseline.source)}", ""]
+    if m.rows:
+        lines.append("| package | " + " | ".join(_md(c) for c in m.columns) + " |")
+        lines.append("|---" * (len(m.columns) + 1) + "|")
+        for name, cells in m.rows:
+            shown = [(f"**{_md(c.text)}** ({c.kind})" if c.kind else _md(c.text)) for c in cells]
+            lines.append(f"| {_md(name)} | " + " | ".join(shown) + " |")
+    else:
+        lines.append("No package or stack differences.")
+    lines += ["", "### Findings", ""]
+    for host, findings in report.findings.items():
+        for f in findings:
+            note = " (not drift)" if f.kind in INFO_KINDS else ""
+            lines.append(f"- `{_md(host)}` **{f.kind.value}**{note}: {_md(f.detail)}")
+    for host, res in report.failed.items():
+        lines.append(f"- `{_md(host)}` **{res.status.value}**: {_md(res.reason)}")
+    if not any(report.findings.values()) and not report.failed:
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(report: DriftReport, show_all: bool = False) -> str:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
+                      autoescape=select_autoescape(["html", "j2"], default=True))
+    return env.get_template("drift.html.j2").render(
+        report=report, m=matrix(report, show_all), info_kinds=INFO_KINDS, kinds=[k.value for k in CELL_KINDS])
+
+
+STYLES = {"version": "black on yellow", "missing": "white on red", "extra": "black on cyan",
+          "duplicate-dist-info": "white on magenta", "stack": "black on dark_orange"}
+
+
+def gathered_findings(report: DriftReport) -> dict[tuple[str, tuple[str, ...]], list[str]]:
+    """Findings the matrix does not show, identical ones across hosts gathered (like ``clush -b``):
+    (kind, hosts) -> details."""
+    hosts_of: dict[tuple[str, str], list[str]] = {}
+    for host, findings in report.findings.items():
+        for f in findings:
+            if f.kind not in CELL_KINDS:
+                hosts_of.setdefault((f.kind.value, f.detail), []).append(host)
+    out: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (kind, detail), hosts in hosts_of.items():
+        out.setdefault((kind, tuple(hosts)), []).append(detail)
+    return out
+
+
+def print_table(report: DriftReport, show_all: bool = False, max_findings: int = 8) -> None:
+    """The matrix coloured by finding class, then each host's findings (capped), then the summary."""
+    from rich.text import Text
+
+    from fleetctl import render
+
+    out = render.console()
+    m = matrix(report, show_all)
+    if m.rows:
+        rows = [[name, *(Text(c.text, style=STYLES.get(c.kind, "")) for c in cells)] for name, cells in m.rows]
+        out.print(render.table(f"baseline: {report.baseline.source}", ["package", *m.columns], rows))
+    for (kind, hosts), details in gathered_findings(report).items():
+        head = Text.assemble((",".join(hosts), "bold"), f" {kind}")
+        if len(details) <= max_findings:
+            for detail in details:
+                out.print(Text.assemble(head, ": ", detail))
+        else:
+            out.print(Text.assemble(head, f" ({len(details)}): ", "; ".join(details[:max_findings]),
+                                    f"; ... (--format json lists all {len(details)})"))
+    render.print_failures(report.failed)
+    out.print(Text(report.summary(), style="bold"))
+
+
+def emit(report: DriftReport, fmt: str, output: Path | None, show_all: bool) -> None:
+    """Write the report in ``fmt`` to ``output`` (the summary still goes to the terminal) or stdout."""
+    import json
+    import sys
+
+    if fmt == "table" and output is None:
+        print_table(report, show_all)
+        return
+    text = {
+        "json": lambda: json.dumps(to_json(report, show_all), indent=2) + "\n",
+        "markdown": lambda: to_markdown(report, show_all),
+        "html": lambda: to_html(report, show_all),
+        "table": lambda: to_markdown(report, show_all),
+    }[fmt]()
+    if output is None:
+        sys.stdout.write(text)
+        return
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(output)  # never a half-written report
+    sys.stderr.write(f"{report.summary()}\nreport written to {output}\n")

@@ -1,0 +1,56 @@
+"""Lock files: ``pip freeze`` output or a requirements file whose every line pins ``name==version``.
+
+Shared by ``drift --lock`` (the baseline) and ``venv create --lock`` (what to install).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from fleetctl.errors import InputError
+
+# pip freeze leaves these out of its output; a lock made by it never pins them.
+FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # canonical (PEP 503) name
+    version: str
+    line: int
+    text: str
+
+
+def parse_lock(path: Path) -> dict[str, Pin]:
+    """Pins by canonical name; anything that is not an exact pin is an error naming file:line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
+    pins: dict[str, Pin] = {}
+    for number, raw in enumerate(lines, 1):
+        text = raw.split(" #", 1)[0].strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith("-"):
+            raise InputError(f"{path}:{number}: options like {text.split()[0]!r} are not supported in a lock file")
+        pin = _pin(path, number, text)
+        if pin.name in pins:
+            raise InputError(f"{path}:{number}: {pin.name} is pinned twice (first on line {pins[pin.name].line})")
+        pins[pin.name] = pin
+    return pins
+
+
+def _pin(path: Path, number: int, text: str) -> Pin:
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise InputError(f"{path}:{number}: not a requirement: {text!r} ({exc})") from None
+    specs = list(req.specifier)
+    if req.url or len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
+        raise InputError(f"{path}:{number}: {text!r} is not an exact pin (expected name==version)")
+    return Pin(canonicalize_name(req.name), specs[0].version, number, text)
