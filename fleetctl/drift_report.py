@@ -34,8 +34,11 @@ def matrix(report: DriftReport, show_all: bool = False) -> Matrix:
     if report.baseline.host in hosts:
         hosts.remove(report.baseline.host)
         hosts.insert(0, report.baseline.host)
-    kinds = {(f.host, f.package): f.kind for fs in report.findings.values() for f in reversed(fs)
-             if f.kind in CELL_KINDS}
+    kinds: dict[tuple[str, str | None], Kind] = {}
+    for f in (f for fs in report.findings.values() for f in fs if f.kind in CELL_KINDS):
+        held = kinds.get((f.host, f.package))
+        if held is None or CELL_KINDS.index(f.kind) < CELL_KINDS.index(held):  # the strongest class colours
+            kinds[(f.host, f.package)] = f.kind
     rows = []
     stack_rows = list(report.baseline.stack) or [r for inv in report.inventories.values() for r in inv.stack][:6]
     for row in stack_rows:
@@ -67,7 +70,8 @@ def to_json(report: DriftReport, show_all: bool = False) -> dict[str, Any]:
         },
         "hosts": {
             **{h: {"status": "ok", "venv": inv.venv, "python": inv.python, "stack": inv.stack,
-                   "files_checked": (inv.files or {}).get("checked"),
+                   "files": {k: (inv.files or {}).get(k) for k in ("checked", "cache_hits", "cache_misses")}
+                   if inv.files else None,
                    "findings": [f.to_dict() for f in report.findings[h]]} for h, inv in report.inventories.items()},
             **{h: {"status": r.status.value, "reason": r.reason} for h, r in report.failed.items()},
         },

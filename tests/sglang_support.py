@@ -71,3 +71,14 @@ def install_layout(lab: LabHandle, layout: dict[str, str], venv: str = ML_VENV) 
     wheels = {v: wheel("sglang", v) for v in set(layout.values())}
     with ThreadPoolExecutor(max_workers=len(layout)) as pool:
         list(pool.map(lambda h: make_venv(lab, h, venv, [wheels[layout[h]]]), sorted(layout)))
+
+
+def wheel_set(requirement: str) -> list[Path]:
+    """A requirement and all its dependencies as wheels (a consistent set: pip check is clean)."""
+    folder = WHEEL_CACHE / "sets" / requirement.replace("=", "-").replace(" ", "")
+    if not (folder / ".complete").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+                        "--python-version", "3.11", "-d", str(folder), requirement], check=True)
+        (folder / ".complete").touch()
+    return sorted(folder.glob("*.whl"))

@@ -286,7 +286,7 @@ def verify_dist(dist, prefix, cache, patched, owners, out):
             continue  # RECORD itself and files pip records without a hash
         algo, _, expected = digest.partition("=")
         out["checked"] += 1
-        if matches(path, st, algo, expected, cache) or (script and matches_modulo_shebang(path, algo, expected)):
+        if matches(path, st, algo, expected, cache) or (script and matches_modulo_shebang(path, algo, expected, prefix)):
             matched += 1
             continue
         release = patched.get(where["path"])
@@ -313,14 +313,19 @@ def foreign_interpreter(path, prefix):
     return None if interpreter.startswith(prefix + "/") or interpreter == "python" else interpreter
 
 
-def matches_modulo_shebang(path, algo, expected):
-    """Scripts whose shebang pip rewrote at install compare equal in pip's wheel form ``#!python``."""
+def matches_modulo_shebang(path, algo, expected, prefix):
+    """A script pip wrote compares equal once its first line is put back to a form pip writes:
+    the wheel's ``#!python``, or this venv's own interpreter (RECORD hashes the rewritten file)."""
     with open(path, "rb") as handle:
         data = handle.read()
     if not data.startswith(b"#!"):
         return False
     _first, sep, rest = data.partition(b"\n")
-    return b64(hashlib.new(algo, b"#!python" + sep + rest).digest()) == expected
+    short = "python%d.%d" % sys.version_info[:2]
+    for line in ["python"] + [os.path.join(prefix, "bin", n) for n in ("python", "python3", short)] + [sys.executable]:
+        if b64(hashlib.new(algo, b"#!" + line.encode() + sep + rest).digest()) == expected:
+            return True
+    return False
 
 
 def shadowed_dist_infos(dists):

@@ -1,0 +1,240 @@
+"""Drift audit: the host-side collector on real venvs built here, and the pure analysis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from sglang_support import wheel_set
+
+from fleetctl import drift as core
+from fleetctl import drift_report
+from fleetctl.drift import Dist, HostInventory, Kind
+from fleetctl.errors import InputError
+from fleetctl.gpu import GpuFacts
+from fleetctl.lockfile import parse_lock
+from fleetctl.transport.base import HostResult, Status
+
+REMOTE = Path(__file__).resolve().parents[1] / "fleetctl" / "remote" / "distributions.py"
+SITE = "lib/python3.11/site-packages"
+
+
+def collect_local(venv: Path, cache: Path, **params: object) -> dict:
+    """Run the host-side collector exactly as the agent does: under the venv's own python."""
+    code = ("import json,sys; sys.path.insert(0, sys.argv[1]); import distributions as d; "
+            "print(json.dumps(d.main(json.loads(sys.argv[2]))))")
+    args = json.dumps({"verify_files": True, "cache_dir": str(cache), **params})
+    out = subprocess.run([str(venv / "bin/python"), "-c", code, str(REMOTE.parent), args],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def make_clean_venv(venv: Path) -> Path:
+    """requests and its dependencies installed by real pip from real wheels: pip check is clean."""
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", *map(str, wheel_set("requests==2.32.3"))], check=True)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_clean_venv(tmp_path_factory.mktemp("drift") / "venv")
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A fresh venv per test (a copied venv would carry the original's shebangs: a finding itself)."""
+    return make_clean_venv(tmp_path / "venv")
+
+
+def inventory(raw: dict, host: str = "h1") -> HostInventory:
+    return core.parse_inventory(host, "/v", raw, GpuFacts())
+
+
+def test_clean_pip_install_reports_nothing(clean_venv: Path, tmp_path: Path) -> None:
+    raw = collect_local(clean_venv, tmp_path / "cache")
+    names = {d["name"] for d in raw["dists"]}
+    assert {"requests", "urllib3", "idna", "certifi", "charset-normalizer", "pip"} <= names
+    files = raw["files"]
+    assert files["checked"] > 100
+    assert [files[k] for k in ("modified", "missing", "orphans", "foreign_shebangs")] == [[], [], [], []]
+    inv = inventory(raw)
+    assert core.unsatisfied_findings(inv) == []
+    assert core.file_findings(inv) == []
+    assert core.duplicate_findings(inv) == []
+
+
+def test_second_run_hits_the_hash_cache(clean_venv: Path, tmp_path: Path) -> None:
+    first = collect_local(clean_venv, tmp_path / "cache")["files"]
+    second = collect_local(clean_venv, tmp_path / "cache")["files"]
+    assert first["cache_misses"] == first["checked"] > 0
+    assert second["cache_hits"] == second["checked"] and second["cache_misses"] == 0
+
+
+def test_hand_edit_missing_file_orphan_and_cache_invalidation(venv: Path, tmp_path: Path) -> None:
+    collect_local(venv, tmp_path / "cache")  # warm the cache, then change files under it
+    site = venv / SITE
+    with open(site / "requests/api.py", "a") as handle:
+        handle.write("# hand edit\n")
+    (site / "idna/codec.py").unlink()
+    (site / "urllib3/stray_leftover.py").write_text("x = 1\n")
+    (site / "urllib3/__pycache__").mkdir(exist_ok=True)
+    (site / "urllib3/__pycache__/stray.cpython-311.pyc").write_bytes(b"\0")  # caches are ignored
+    files = collect_local(venv, tmp_path / "cache")["files"]
+    assert files["modified"] == [{"dist": "requests", "path": f"{SITE}/requests/api.py"}]
+    assert files["missing"] == [{"dist": "idna", "path": f"{SITE}/idna/codec.py"}]
+    assert files["orphans"] == [{"dist": "urllib3", "path": f"{SITE}/urllib3/stray_leftover.py"}]
+
+
+def test_copied_over_version_gives_duplicate_dist_info_and_orphans(venv: Path, tmp_path: Path) -> None:
+    site = venv / SITE
+    old = tmp_path / "old"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(old),
+                    str(_old_idna())], check=True)
+    shutil.copytree(old, site, dirs_exist_ok=True)  # the hand-made overlay of today
+    raw = collect_local(venv, tmp_path / "cache")
+    inv = inventory(raw)
+    dup = core.duplicate_findings(inv)
+    assert [f.package for f in dup] == ["idna"] and "2 dist-info folders" in dup[0].detail
+    kinds = {f.kind for f in core.file_findings(inv)}
+    assert Kind.MODIFIED in kinds  # files of the newer RECORD now hold the older content
+
+
+def _old_idna() -> Path:
+    from sglang_support import wheel
+
+    return wheel("idna", "3.7")
+
+
+def test_console_script_shebang_rewritten_is_clean_but_foreign_shebang_is_flagged(venv: Path, tmp_path: Path) -> None:
+    script = venv / "bin/normalizer"
+    assert script.read_text().startswith(f"#!{venv}/bin/python")  # pip rewrote it for this venv
+    assert collect_local(venv, tmp_path / "c")["files"]["modified"] == []
+    text = script.read_text().split("\n", 1)[1]
+    script.write_text("#!/opt/other-host/ml-env/bin/python3.12\n" + text)  # copied from another host
+    files = collect_local(venv, tmp_path / "c")["files"]
+    assert files["foreign_shebangs"] == [{"dist": "charset-normalizer", "path": "bin/normalizer",
+                                          "interpreter": "/opt/other-host/ml-env/bin/python3.12"}]
+    assert files["modified"] == []  # the same script modulo its shebang line
+
+
+def test_release_patched_file_is_reported_as_patched(venv: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    target = venv / SITE / "requests/sessions.py"
+    target.write_text(target.read_text() + "# DDTree patch\n")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"release_id": "ddtree-1", "venv_files": {
+        f"{SITE}/requests/sessions.py": hashlib.sha256(target.read_bytes()).hexdigest()}}))
+    files = collect_local(venv, tmp_path / "c", release_manifest=str(manifest))["files"]
+    assert files["modified"] == []
+    assert [(p["path"], p["release"]) for p in files["patched"]] == [(f"{SITE}/requests/sessions.py", "ddtree-1")]
+
+
+# --- pure analysis ---------------------------------------------------------------------------
+
+def _inv(host: str, versions: dict[str, str], requires: dict[str, tuple[str, ...]] | None = None,
+         stack: dict[str, str | None] | None = None) -> HostInventory:
+    dists = {n: [Dist(n, v, f"{n}-{v}.dist-info", "pip", None, (requires or {}).get(n, ()))]
+             for n, v in versions.items()}
+    markers = {"python_version": "3.11", "sys_platform": "linux", "platform_machine": "x86_64",
+               "python_full_version": "3.11.2", "implementation_name": "cpython", "os_name": "posix"}
+    return HostInventory(host, "/v", "/v/bin/python", stack or {"python": "3.11.2"}, markers, dists)
+
+
+def _results(*invs: HostInventory) -> dict[str, HostResult[HostInventory]]:
+    return {i.host: HostResult(i.host, Status.OK, i) for i in invs}
+
+
+def test_majority_baseline_version_missing_extra() -> None:
+    r = _results(_inv("a", {"sglang": "0.5.23", "torch": "2.9.1"}), _inv("b", {"sglang": "0.5.23", "torch": "2.9.1"}),
+                 _inv("c", {"sglang": "0.5.9", "flashinfer": "0.6"}))
+    report = core.audit(r)
+    assert report.baseline.versions == {"sglang": "0.5.23", "torch": "2.9.1"}
+    got = {(f.host, f.kind, f.package) for fs in report.findings.values() for f in fs}
+    assert got == {("c", Kind.VERSION, "sglang"), ("c", Kind.MISSING, "torch"), ("c", Kind.EXTRA, "flashinfer")}
+    assert report.drifting_hosts == ["c"]
+    assert report.summary() == "1 of 3 hosts drift: 3 packages differ"
+
+
+def test_host_baseline_and_packages_filter() -> None:
+    r = _results(_inv("a", {"sglang": "0.5.9", "torch": "2.8"}), _inv("b", {"sglang": "0.5.23", "torch": "2.9"}))
+    report = core.audit(r, baseline_host="a", packages=["sgl*"])
+    got = [(f.host, f.package, f.expected, f.actual) for f in report.findings["b"]]
+    assert got == [("b", "sglang", "0.5.9", "0.5.23")]
+    assert report.findings["a"] == []
+    with pytest.raises(InputError, match="--baseline zz: that host is not among"):
+        core.audit(r, baseline_host="zz")
+
+
+def test_unsatisfied_requirements_like_pip_check() -> None:
+    inv = _inv("a", {"sglang": "0.5.23", "torch": "2.8.0", "numpy": "2.1"}, requires={"sglang": (
+        "torch==2.9.1", "numpy>=2", "flashinfer-python==0.7.2", "pywin32; sys_platform == 'win32'",
+        "pytest; extra == 'test'")})
+    found = {(f.expected, f.actual) for f in core.unsatisfied_findings(inv)}
+    assert found == {("torch==2.9.1", "2.8.0"), ("flashinfer-python==0.7.2", None)}
+
+
+def test_lock_baseline_and_errors(tmp_path: Path) -> None:
+    lock = tmp_path / "req.lock"
+    lock.write_text("# pip freeze\nsglang==0.5.23\nTorch==2.9.1  # pinned\n")
+    pins = parse_lock(lock)
+    host = _inv("a", {"sglang": "0.5.9", "torch": "2.9.1", "pip": "23"})
+    report = core.audit(_results(host), lock=(pins, "req.lock"))
+    assert [(f.kind, f.package) for f in report.findings["a"]] == [(Kind.VERSION, "sglang")]  # pip is never pinned
+    for text, error in (("sglang>=0.5\n", ":1: 'sglang>=0.5' is not an exact pin"),
+                        ("a==1\n\na==2\n", ":3: a is pinned twice (first on line 1)"),
+                        ("-e .\n", ":1: options like '-e' are not supported"),
+                        ("not a req!!\n", ":1: not a requirement")):
+        lock.write_text(text)
+        with pytest.raises(InputError, match=f"^{lock}{error}".replace("(", r"\(").replace(")", r"\)")):
+            parse_lock(lock)
+
+
+def test_failed_hosts_are_kept_apart() -> None:
+    r = _results(_inv("a", {"x": "1"}))
+    r["b"] = HostResult("b", Status.UNREACHABLE, reason="cannot connect")
+    report = core.audit(r)
+    assert "1 hosts failed (b)" in report.summary()
+    assert drift_report.to_json(report)["hosts"]["b"] == {"status": "unreachable", "reason": "cannot connect"}
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[tuple[str, str]] = []
+        self.scripts = 0
+        self._cls: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.scripts += tag == "script"
+        self._cls = dict(attrs).get("class") or "" if tag == "td" else None
+
+    def handle_data(self, data: str) -> None:
+        if self._cls is not None:
+            self.cells.append((self._cls, data))
+            self._cls = None
+
+
+def test_html_and_markdown_renderings() -> None:
+    evil = "<script>alert(1)</script>"
+    r = _results(_inv("a", {"sglang": "0.5.23"}), _inv("b", {"sglang": "0.5.23"}), _inv("c", {"sglang": evil}))
+    report = core.audit(r)
+    html = drift_report.to_html(report)
+    parser = _Cells()
+    parser.feed(html)
+    assert parser.scripts == 0  # host data is escaped, and the file needs no scripts
+    assert "http://" not in html.split("</style>")[0] and "<link" not in html  # self-contained
+    assert ("baseline", "0.5.23") in parser.cells and ("version", evil) in parser.cells
+    md = drift_report.to_markdown(report).splitlines()
+    assert md[0] == "## Drift audit: 1 of 3 hosts drift: 1 packages differ"
+    header = next(line for line in md if line.startswith("| package"))
+    assert header == "| package | baseline | a | b | c |"
+    row = next(line for line in md if line.startswith("| sglang"))
+    assert row.count("|") == 6 and "(version)" in row
