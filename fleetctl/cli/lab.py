@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from fleetctl.errors import ExitCode
-from fleetctl.lab import LabHostStatus, lab_down, lab_status, lab_up
-from fleetctl.lab.state import default_lab_dir
+
+if TYPE_CHECKING:
+    from fleetctl.lab import LabHostStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _default_dir() -> Path:
+    from fleetctl.lab.state import default_lab_dir
+
+    return default_lab_dir()
+
+
 def _dir_option(func: F) -> F:
     option = click.option(
-        "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=default_lab_dir,
+        "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=_default_dir,
         show_default=".fleetctl/lab, or /var/tmp/fleetctl-*/lab when this folder is under /root",
         help="Folder holding the lab's keys, inventory and per-host files.",
     )
@@ -47,6 +54,8 @@ def lab() -> None:
               help="Host N listens on this address plus N (inside 127.0.0.0/8), port 22.")
 def up(hosts: int, directory: Path, base_address: str) -> None:
     """Start the lab (idempotent); the last line printed is the inventory path."""
+    from fleetctl.lab import lab_up  # the lab code loads only for lab commands
+
     fleet = lab_up(hosts, directory, base_address)
     click.echo(_table(fleet.hosts))
     kept = len(fleet.hosts) - len(fleet.started)
@@ -60,6 +69,8 @@ def up(hosts: int, directory: Path, base_address: str) -> None:
 @click.pass_context
 def status(ctx: click.Context, directory: Path) -> None:
     """Show each host: up (our sshd answers on its address) or down, with why."""
+    from fleetctl.lab import lab_status
+
     statuses = lab_status(directory)
     if not statuses:
         click.echo(f"no lab in {directory}")
@@ -74,6 +85,8 @@ def status(ctx: click.Context, directory: Path) -> None:
 @click.option("--purge", is_flag=True, help="Also delete the folder (keys, inventory, host files).")
 def down(directory: Path, purge: bool) -> None:
     """Stop exactly the sshd processes this lab started; keep the folder unless --purge."""
+    from fleetctl.lab import lab_down
+
     statuses = lab_down(directory, purge=purge)
     if statuses:
         click.echo(_table(statuses))
