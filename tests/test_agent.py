@@ -151,3 +151,23 @@ def test_noise_from_login_files_before_hello_is_skipped() -> None:
 def test_bootstrap_quotes_interpreter_paths() -> None:
     cmd = bootstrap_command(["/opt/my env/bin/python; rm -rf /tmp/x"])
     assert "'/opt/my env/bin/python; rm -rf /tmp/x'" in cmd
+
+
+def test_remote_includes_are_inlined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetctl.transport import agent as agent_mod
+
+    (tmp_path / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
+    (tmp_path / "user.py").write_text("# fleetctl-include: helper\n\ndef main(params):\n    return twice(params['n'])\n")
+    (tmp_path / "loop_a.py").write_text("# fleetctl-include: loop_b\n")
+    (tmp_path / "loop_b.py").write_text("# fleetctl-include: loop_a\n")
+    monkeypatch.setattr(agent_mod, "REMOTE_DIR", tmp_path)
+    agent_mod.module_source.cache_clear()
+    try:
+        source, _ = agent_mod.module_source("user")
+        ns: dict[str, object] = {}
+        exec(compile(source, "user", "exec"), ns)
+        assert ns["main"]({"n": 21}) == 42  # type: ignore[operator]
+        with pytest.raises(ValueError, match="include loop: loop_a -> loop_b -> loop_a"):
+            agent_mod.module_source("loop_a")
+    finally:
+        agent_mod.module_source.cache_clear()

@@ -31,13 +31,29 @@ MAX_MESSAGE = 256 * 1024 * 1024
 _MODULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
+_INCLUDE = re.compile(r"^# fleetctl-include: ([a-z_][a-z0-9_]*)\s*$", re.M)
+
+
 @cache
 def module_source(module: str) -> tuple[str, str]:
-    """Source and short hash of ``fleetctl/remote/<module>.py``."""
+    """Source and short hash of ``fleetctl/remote/<module>.py``.
+
+    Host-side modules are shipped as one text each; a line ``# fleetctl-include: other`` puts
+    ``other.py``'s source (and its own includes) before the module's, so helpers are shared
+    between remote modules without an import system on the host.
+    """
+    text = _with_includes(module, ())
+    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _with_includes(module: str, seen: tuple[str, ...]) -> str:
     if not _MODULE_NAME.match(module):
         raise ValueError(f"bad remote module name {module!r}")
+    if module in seen:
+        raise ValueError(f"remote module include loop: {' -> '.join((*seen, module))}")
     text = (REMOTE_DIR / f"{module}.py").read_text(encoding="utf-8")
-    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
+    parts = [_with_includes(name, (*seen, module)) for name in _INCLUDE.findall(text)]
+    return "\n\n".join([*parts, text]) if parts else text
 
 
 def bootstrap_command(interpreters: list[str]) -> str:
