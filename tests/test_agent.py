@@ -157,7 +157,8 @@ def test_remote_includes_are_inlined(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from fleetctl.transport import agent as agent_mod
 
     (tmp_path / "helper.py").write_text("def twice(x):\n    return 2 * x\n")
-    (tmp_path / "user.py").write_text("# fleetctl-include: helper\n\ndef main(params):\n    return twice(params['n'])\n")
+    user = "# fleetctl-include: helper\n\ndef main(params):\n    return twice(params['n'])\n"
+    (tmp_path / "user.py").write_text(user)
     (tmp_path / "loop_a.py").write_text("# fleetctl-include: loop_b\n")
     (tmp_path / "loop_b.py").write_text("# fleetctl-include: loop_a\n")
     monkeypatch.setattr(agent_mod, "REMOTE_DIR", tmp_path)
