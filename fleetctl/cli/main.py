@@ -19,6 +19,7 @@ from fleetctl.cli.drift import drift
 from fleetctl.cli.hosts import hosts
 from fleetctl.cli.lab import lab
 from fleetctl.cli.probe import probe
+from fleetctl.cli.release import deploy, releases, rollback, status
 from fleetctl.cli.venv import venv
 from fleetctl.errors import ExitCode, FleetError
 
@@ -47,7 +48,7 @@ def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks
     ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
 
 
-for command in (hosts, ping, shell, facts, probe, drift, venv, lab):
+for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, lab):
     cli.add_command(command)
 
 

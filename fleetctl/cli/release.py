@@ -1,0 +1,153 @@
+"""``deploy``, ``rollback``, ``status`` and ``releases``: a release's life on the fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fleetctl import render
+from fleetctl.cli.context import AppContext
+from fleetctl.cli.options import exit_code_for, host_options
+from fleetctl.transport.base import HostResult, Status
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="Plan only: inspect hosts and apply patches in memory; write nothing.")
+@click.option("--diff", "show_diff", is_flag=True, help="Show the patched files' diffs and the service environment.")
+@host_options
+@click.pass_obj
+def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool) -> int:
+    """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure."""
+    from fleetctl.release import deploy as core
+    from fleetctl.release.spec import load_spec
+
+    spec = load_spec(spec_path)
+    loaded = core.load_patches(spec)
+    holder = core.who(f"fleetctl deploy {spec_path}")
+    with app.fleet() as fleet:
+        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder))
+    mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
+    if app.json:
+        render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
+    else:
+        print_deploy(spec.release_id, results, show_diff or check)
+    return exit_code_for(results)
+
+
+def _deploy_reason(r: Any) -> str:
+    gate = r.failed_gate()
+    back = f"; rolled back to {r.previous}" if r.outcome == "rolled-back" else "; no previous release: service stopped"
+    return f"health gate failed: {gate.name}: {gate.detail}{back}" if gate else r.outcome
+
+
+def mark_failed(results: dict[str, HostResult[Any]], ok: Any, reason: Any) -> None:
+    """A host whose answer is a failure (a gate failed, rolled back) counts as failed: exit 2."""
+    for res in results.values():
+        if res.ok and res.value is not None and not ok(res.value):
+            res.status, res.reason = Status.FAILED, reason(res.value)
+
+
+def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff: bool) -> None:
+    from rich.syntax import Syntax
+
+    out = render.console()
+    rows = []
+    for name, res in results.items():
+        v = res.value
+        gates = ", ".join(f"{g.name}: {'ok' if g.ok else 'FAILED'}" for g in v.gates) if v else ""
+        build = f"{v.build.get('linked', 0)} linked, {v.build.get('copied', 0)} copied" if v and v.build else ""
+        rows.append([name, render.status_text(res), v.outcome if v else "", v.previous or "-" if v else "", build,
+                     gates])
+    out.print(render.table(f"release {release_id}", ["host", "status", "outcome", "previous", "build", "gates"], rows))
+    if show_diff:
+        shown: set[str] = set()
+        for res in results.values():
+            for path, text in (res.value.diffs if res.value else {}).items():
+                if text and text not in shown:  # identical diffs across hosts: once
+                    shown.add(text)
+                    out.print(render.cell(f"--- {path}"), style="bold")
+                    out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
+    render.print_failures(results)
+    out.print(render.summary_line(results))
+
+
+@click.command()
+@click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
+@host_options
+@click.pass_obj
+def rollback(app: AppContext, to: str | None, timeout: float) -> int:
+    """Switch back to a release already on the hosts and restart: nothing is reinstalled."""
+    from fleetctl.release.deploy import who
+    from fleetctl.release.manage import rollback_host
+
+    holder = who(f"fleetctl rollback {to or ''}".strip())
+    with app.fleet() as fleet:
+        results = fleet.map(lambda ctx: rollback_host(ctx, to, timeout, holder))
+    mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
+                + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
+    if app.json:
+        render.emit_json(render.results_json(results, lambda r: r.to_dict()))
+    else:
+        rows = [[n, render.status_text(r), *([r.value.outcome, r.value.from_id or "-", r.value.to_id] if r.value
+                                             else ["", "", ""])] for n, r in results.items()]
+        render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
+        render.print_failures(results)
+    return exit_code_for(results)
+
+
+@click.command()
+@host_options
+@click.pass_obj
+def status(app: AppContext) -> int:
+    """Per host: the current and previous release, the service state and its health."""
+    from fleetctl.release.manage import status_host
+
+    with app.fleet() as fleet:
+        results = fleet.map(status_host)
+    if app.json:
+        render.emit_json(render.results_json(results, lambda r: r.to_dict()))
+    else:
+        rows = [[n, render.status_text(r), *(_status_cells(r.value) if r.value else ["", "", "", ""])]
+                for n, r in results.items()]
+        render.console().print(render.table(None, ["host", "status", "current", "previous", "service", "health"],
+                                            rows))
+        render.print_failures(results)
+    return exit_code_for(results)
+
+
+def _status_cells(v: Any) -> list[str]:
+    return [v.current or "-", v.previous or "-", "running" if v.service.get("running") else "stopped", v.health]
+
+
+@click.group()
+def releases() -> None:
+    """The release folders on each host."""
+
+
+@releases.command(name="list")
+@host_options
+@click.pass_obj
+def list_releases(app: AppContext) -> int:
+    """Every release on each host, marking current and previous."""
+    from fleetctl.release.manage import status_host
+
+    with app.fleet() as fleet:
+        results = fleet.map(status_host)
+    if app.json:
+        render.emit_json(render.results_json(results, lambda r: {"current": r.current, "previous": r.previous,
+                                                                   "releases": r.releases}))
+        return exit_code_for(results)
+    rows = []
+    for name, res in results.items():
+        if res.value is None:
+            continue
+        v = res.value
+        rows += [[name, rid, "current" if rid == v.current else "previous" if rid == v.previous else ""]
+                 for rid in v.releases]
+    render.console().print(render.table(None, ["host", "release", ""], rows))
+    render.print_failures(results)
+    return exit_code_for(results)

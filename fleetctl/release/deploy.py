@@ -1,0 +1,192 @@
+"""Deploy a release to one host: decide (inspect, check versions, apply patches on the controller),
+then do (build the release folder, switch ``current``, restart, health gates, roll back on failure).
+
+Everything before ``build`` writes nothing on the host, so a refusal (another sglang version, a
+patch that does not fit, the host locked by another run) leaves the host exactly as it was, and
+``--check`` stops there with the plan and the diffs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import json
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+
+from fleetctl.errors import HostError
+from fleetctl.release import patches as patchlib
+from fleetctl.release.gates import GateResult, run_gates, wait_healthy
+from fleetctl.release.service import STANDIN, STANDIN_NAME, HostLayout, control, env_file, layout_for, stored_params
+from fleetctl.release.spec import Health, PatchFile, ReleaseSpec
+from fleetctl.transport.base import HostSession
+
+
+class ReleaseRefused(HostError):
+    """The release does not fit this host; nothing was changed there."""
+
+
+class HostLocked(HostError):
+    """Another fleetctl run holds this host's deploy lock."""
+
+
+@dataclass
+class DeployResult:
+    host: str
+    release_id: str
+    outcome: str  # planned | deployed | unchanged | rolled-back | failed-no-previous
+    previous: str | None = None
+    build: dict[str, Any] = field(default_factory=dict)
+    gates: list[GateResult] = field(default_factory=list)
+    rollback_gates: list[GateResult] = field(default_factory=list)
+    diffs: dict[str, str] = field(default_factory=dict)
+    pruned: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("planned", "deployed", "unchanged")
+
+    def failed_gate(self) -> GateResult | None:
+        return next((g for g in self.gates if not g.ok), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("gates", "rollback_gates")}
+        out["gates"] = [g.to_dict() for g in self.gates]
+        out["rollback_gates"] = [g.to_dict() for g in self.rollback_gates]
+        return out
+
+
+def who(command: str) -> dict[str, Any]:
+    return {"user": getpass.getuser(), "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
+
+
+@contextmanager
+def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any]) -> Iterator[None]:
+    """The host's deploy lock for the duration; refused naming the holder. The lock is a flock held by
+    this run's agent, so a run that dies cannot leave it behind."""
+    answer = session.call("release_host", {"op": "lock", **layout.params(), "holder": holder})
+    if not answer.get("locked"):
+        h = answer.get("holder") or {}
+        raise HostLocked(session.name, f"locked by another run: {h.get('user', '?')}@{h.get('controller', '?')} "
+                                       f"pid {h.get('pid', '?')} ({h.get('command', '?')})")
+    try:
+        yield
+    finally:
+        session.call("release_host", {"op": "unlock", **layout.params()})
+
+
+Loaded = list[tuple[PatchFile, patchlib.PatchSet]]
+
+
+def load_patches(spec: ReleaseSpec) -> Loaded:
+    """Parse every patch once on the controller (a malformed or escaping patch stops here)."""
+    return [(p, patchlib.load_patch(p.path)) for p in spec.patches]
+
+
+def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
+                check: bool, holder: dict[str, Any]) -> DeployResult:
+    layout = layout_for(session.vars)
+    with host_lock(session, layout, holder):
+        base, state = inspect(session, spec, loaded, layout)
+        files = apply_patches(session.name, loaded, base)
+        result = DeployResult(session.name, spec.release_id, "planned", previous=state.get("current"))
+        if check:
+            result.diffs = diffs(base, files, spec)
+            return result
+        if state.get("current") == spec.release_id and service_running(session, layout):
+            result.outcome = "unchanged"
+            return result
+        result.build = build(session, spec, layout, base, files)
+        switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+        result.gates = run_gates(session, spec.model.health, layout, spec.model.service.port)
+        if all(g.ok for g in result.gates):
+            result.outcome = "deployed"
+            result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
+                                                          "keep": spec.model.keep_releases})["removed"]
+            return result
+        return roll_back_after_failure(session, spec, layout, result, holder)
+
+
+def inspect(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
+            layout: HostLayout) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base venv and the files the patches touch, read once; refuse when the release does not fit."""
+    base_venv = spec.model.base.adopt or ""
+    dists = sorted(set(spec.model.requires) | {p.distribution for p, _ in loaded})
+    wanted = sorted({fp.path for _, ps in loaded for fp in ps.files})
+    answer = session.call("release_host", {"op": "inspect", **layout.params(), "base_venv": base_venv,
+                                           "dists": dists, "files": wanted})
+    base = answer["base"]
+    if not base or not base.get("exists"):
+        raise ReleaseRefused(session.name, f"no venv at {base_venv} (the release's base: adopt)")
+    for dist, wanted_spec in sorted(spec.model.requires.items()):
+        found = base["dists"].get(dist)
+        if found is None or not SpecifierSet(wanted_spec).contains(found, prereleases=True):
+            raise ReleaseRefused(session.name, f"release {spec.release_id} needs {dist}{wanted_spec}, "
+                                               f"{base_venv} has {found or 'none'}; nothing changed")
+    return base, answer["state"]
+
+
+def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, Any]:
+    """New content of every file the patches touch (None: deleted), computed on the controller."""
+    current: dict[str, str | None] = dict(base["files"])
+    for ref, patchset in loaded:
+        found = base["dists"].get(ref.distribution) or "none"
+        for fp in patchset.files:
+            current[fp.path] = patchlib.apply(fp, current.get(fp.path), patch_file=ref.path.name, host=host,
+                                              dist=ref.distribution, expected_version=ref.version,
+                                              found_version=found)
+    return {path: text for path, text in current.items() if text != base["files"].get(path) or text is None}
+
+
+def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec) -> dict[str, str]:
+    out = {}
+    for path, text in sorted(files.items()):
+        old = base["files"].get(path) or ""
+        out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
+                                                 f"a/{path}", f"b/{path}"))
+    out["service.env"] = env_file(spec)
+    return out
+
+
+def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dict[str, Any],
+          files: dict[str, Any]) -> dict[str, Any]:
+    extra = {"service.json": json.dumps(stored_params(spec, layout), indent=1)}
+    if spec.model.service.standin:
+        extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
+    manifest = {"release_id": spec.release_id, "spec_digest": spec.digest, "spec": spec.path.name,
+                "base_venv": spec.model.base.adopt, "patches": [str(p.path.name) for p in spec.patches]}
+    return dict(session.call("release_host", {
+        "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": spec.model.base.adopt,
+        "site": base["site"], "files": files, "env_file": env_file(spec), "extra_files": extra, "manifest": manifest,
+    }, timeout=1800))
+
+
+def switch_and_restart(session: HostSession, layout: HostLayout, release_id: str, reason: str,
+                       holder: dict[str, Any]) -> None:
+    session.call("release_host", {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
+                                  "who": f"{holder['user']}@{holder['controller']}"})
+    session.call("service_host", control(layout, "restart"))
+
+
+def service_running(session: HostSession, layout: HostLayout) -> bool:
+    return bool(session.call("service_host", control(layout, "status")).get("running"))
+
+
+def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
+                            holder: dict[str, Any]) -> DeployResult:
+    """A gate failed: back to the release that ran before, restarted and checked again."""
+    if not result.previous:
+        session.call("service_host", control(layout, "stop"))
+        result.outcome = "failed-no-previous"
+        return result
+    switch_and_restart(session, layout, result.previous, f"health gate failed for {spec.release_id}", holder)
+    health = Health(path=spec.model.health.path, timeout=spec.model.health.timeout)
+    result.rollback_gates = [wait_healthy(session, health, layout, spec.model.service.port)]
+    result.outcome = "rolled-back"
+    return result

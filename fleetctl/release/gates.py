@@ -1,0 +1,99 @@
+"""Health gates: what must hold after a switch and restart before a release counts as deployed.
+
+In order: ``/health`` answers 200 within the timeout (the service still running), then the
+release's probes (reusing the probe commands' core), then thresholds on ``/server_info``
+fields. The first failure stops the gates; the caller rolls back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fleetctl.probes.http import HttpRequest, field_value, probe_http
+from fleetctl.probes.imports import ImportRequest, probe_import
+from fleetctl.probes.symbols import SymbolRequest, symbol_host
+from fleetctl.release.service import HostLayout, control
+from fleetctl.release.spec import Health
+from fleetctl.transport.base import HostSession
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return self.__dict__.copy()
+
+
+def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int) -> list[GateResult]:
+    """Every gate in order until one fails; the list says what passed and what did not."""
+    results = [wait_healthy(session, health, layout, port)]
+    if not results[-1].ok:
+        return results
+    venv = f"{layout.current}/venv"
+    for gate in health.probes:
+        results.append(probe_gate(session, gate.symbol, gate.import_, gate.package, gate.expect, venv))
+        if not results[-1].ok:
+            return results
+    for threshold in health.thresholds:
+        results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port))
+        if not results[-1].ok:
+            return results
+    return results
+
+
+def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port: int) -> GateResult:
+    start = time.monotonic()
+    deadline = start + health.timeout
+    last = "no answer yet"
+    while True:
+        answer = probe_http(session, HttpRequest(health.path, port=port, timeout=min(10.0, health.timeout)))
+        if answer.status == 200:
+            return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
+        last = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"
+        status = session.call("service_host", control(layout, "status"))
+        if not status.get("running"):
+            tail = " | ".join((status.get("log_tail") or [])[-3:])
+            return GateResult(f"GET {health.path}", False, f"the service exited ({last}); log: {tail}",
+                              time.monotonic() - start)
+        if time.monotonic() >= deadline:
+            return GateResult(f"GET {health.path}", False, f"not healthy within {health.timeout:g}s (last: {last})",
+                              time.monotonic() - start)
+        time.sleep(health.interval)
+
+
+def probe_gate(session: HostSession, symbol: str | None, target: str | None, package: str, expect: str,
+               venv: str) -> GateResult:
+    want = expect == "present"
+    if symbol is not None:
+        found = symbol_host(session, SymbolRequest(symbol, package=package, venv=venv)).defined
+        name = f"symbol {symbol} {expect}"
+    else:
+        answer = probe_import(session, ImportRequest.parse(target or "", venv=venv))
+        found = answer.present
+        name = f"import {target} {expect}"
+        if found != want:
+            why = "imports" if found else f"{answer.error_type or 'attribute missing'}: {answer.error or ''}"
+            return GateResult(name, False, why)
+    return GateResult(name, found == want, "found" if found else "not found")
+
+
+def threshold_gate(session: HostSession, path: str, field: str, low: float | None, high: float | None,
+                   port: int) -> GateResult:
+    bounds = [f">= {low:g}"] if low is not None else []
+    bounds += [f"<= {high:g}"] if high is not None else []
+    name = " ".join([path, field, *bounds])
+    answer = probe_http(session, HttpRequest(path, port=port))
+    if answer.status != 200 or not answer.has_json:
+        return GateResult(name, False, f"{path} answered {answer.status or answer.error_kind}")
+    raw = field_value(answer.body, field)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):  # absent (the probe's sentinel) or not a number
+        return GateResult(name, False, f"{field} not found or not a number in {answer.path}")
+    ok = (low is None or value >= low) and (high is None or value <= high)
+    return GateResult(name, ok, f"{field} = {value:g}")

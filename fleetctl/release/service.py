@@ -1,0 +1,89 @@
+"""What the service runs: the launch command, its environment file and its systemd unit (pure).
+
+The service always runs ``ROOT/current/venv/bin/python``: switching ``current`` and restarting
+is the whole of a rollout or a rollback.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetctl.release.spec import ReleaseSpec
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+STANDIN = Path(__file__).resolve().parents[1] / "lab" / "fake_sglang.py"
+STANDIN_NAME = "sglang_standin.py"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    root: str = "/opt/fleetctl"
+    state_dir: str = "/var/lib/fleetctl"
+
+    @property
+    def current(self) -> str:
+        return f"{self.root}/current"
+
+    def params(self) -> dict[str, str]:
+        return {"root": self.root, "state_dir": self.state_dir}
+
+
+def layout_for(host_vars: dict[str, object]) -> HostLayout:
+    """``fleetctl_root`` and ``fleetctl_state_dir`` host vars override the defaults."""
+    return HostLayout(str(host_vars.get("fleetctl_root") or "/opt/fleetctl"),
+                      str(host_vars.get("fleetctl_state_dir") or "/var/lib/fleetctl"))
+
+
+def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
+    svc = spec.model.service
+    python = f"{layout.current}/venv/bin/python"
+    listen = [] if {"--host", "--port"} & set(svc.args) else ["--host", svc.host, "--port", str(svc.port)]
+    if svc.standin:  # lab hosts have no GPU: fleetctl's stand-in answers SGLang's health surface
+        return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *listen, "--", *svc.args]
+    return [python, "-m", svc.module, *svc.args, *listen]
+
+
+def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None) -> str:
+    """systemd EnvironmentFile syntax; values are quoted so spaces and $ stay literal."""
+    svc = spec.model.service
+    env = dict(svc.env)
+    if svc.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = svc.gpus
+    env.update(extra or {})
+    lines = [f"# fleetctl release {spec.release_id}"]
+    for key, value in sorted(env.items()):
+        if not key.isidentifier():
+            raise ValueError(f"service.env: {key!r} is not a variable name")
+        lines.append(f"{key}={_quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(value: str) -> str:
+    return value if value and all(c.isalnum() or c in "._-/:,=@+" for c in value) else shlex.quote(value)
+
+
+def unit(spec: ReleaseSpec, layout: HostLayout) -> str:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
+                      autoescape=False)
+    return env.get_template("sglang.service.j2").render(
+        release_id=spec.release_id, env_file=f"{layout.current}/service.env",
+        command=[shlex.quote(c) for c in command(spec, layout)], workdir=layout.current,
+        stop_timeout=spec.model.service.stop_timeout)
+
+
+def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
+    """Written into the release folder as ``service.json``; restarts read it from ``current``."""
+    svc = spec.model.service
+    return {"release_id": spec.release_id, "command": command(spec, layout),
+            "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
+            "unit": unit(spec, layout), "host": svc.host, "port": svc.port, "health_path": spec.model.health.path}
+
+
+def control(layout: HostLayout, op: str, manager: str | None = None) -> dict[str, object]:
+    """Params for ``remote/service_host.py``: start/restart take the rest from current's service.json."""
+    return {"op": op, "name": "sglang", "state_dir": layout.state_dir, "manager": manager,
+            "params_file": f"{layout.current}/service.json"}

@@ -1,0 +1,199 @@
+"""The release spec: everything a host needs to serve, in one YAML file, checked with file:line errors.
+
+Relative paths (patches, lock files, kernel folders) are relative to the spec file's folder.
+The release id is ``<name>-<version>-<hash8>``: the hash covers the spec and every file it
+refers to, so the same id means the same release on every host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fleetctl import yamlfile
+
+SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Base(_Strict):
+    """Where the release's venv comes from: an existing venv on each host, or a pinned set."""
+
+    adopt: str | None = None
+    lock: str | None = None
+    wheelhouse: str | None = None
+    python: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Base:
+        if (self.adopt is None) == (self.lock is None):
+            raise ValueError("give exactly one of adopt (an existing venv on each host) or lock (a lock file)")
+        if self.adopt is not None and not self.adopt.startswith("/"):
+            raise ValueError("adopt must be an absolute path on the host")
+        return self
+
+
+class PatchRef(_Strict):
+    file: str | None = None
+    series: str | None = None  # a series.yml listing patch files, each with distribution and version
+    distribution: str | None = None
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _file_or_series(self) -> PatchRef:
+        if (self.file is None) == (self.series is None):
+            raise ValueError("give either file (with distribution and version) or series")
+        if self.file is not None and not (self.distribution and self.version):
+            raise ValueError("a patch file needs the distribution and version it was made for")
+        return self
+
+
+class Service(_Strict):
+    module: str = "sglang.launch_server"
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=1, le=65535)
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
+    manager: Literal["auto", "systemd", "process"] = "auto"
+    stop_timeout: float = Field(default=30.0, gt=0)
+    standin: bool = False  # lab only: run fleetctl's stand-in SGLang server instead of the real one
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
+        return value
+
+
+class ProbeGate(_Strict):
+    symbol: str | None = None
+    import_: str | None = Field(default=None, alias="import")
+    package: str = "sglang"
+    expect: Literal["present", "absent"] = "present"
+
+    @model_validator(mode="after")
+    def _one(self) -> ProbeGate:
+        if (self.symbol is None) == (self.import_ is None):
+            raise ValueError("a probe gate is either symbol: NAME or import: MODULE[:ATTR]")
+        return self
+
+
+class Threshold(_Strict):
+    field: str
+    path: str = "/server_info"
+    min: float | None = None
+    max: float | None = None
+
+
+class Health(_Strict):
+    path: str = "/health"
+    timeout: float = Field(default=300.0, gt=0)
+    interval: float = Field(default=1.0, gt=0)
+    probes: list[ProbeGate] = Field(default_factory=list)
+    thresholds: list[Threshold] = Field(default_factory=list)
+
+
+class Kernels(_Strict):
+    dir: str | None = None  # tuned Triton MoE configs (filled by the kernels work)
+
+
+class ReleaseModel(_Strict):
+    name: str = Field(pattern=SLUG)
+    version: str = Field(pattern=SLUG)
+    description: str = ""
+    base: Base
+    requires: dict[str, str] = Field(default_factory=dict)  # distribution -> specifier, e.g. sglang: "==0.5.23"
+    patches: list[PatchRef] = Field(default_factory=list)
+    kernels: Kernels = Field(default_factory=Kernels)
+    service: Service = Field(default_factory=Service)
+    health: Health = Field(default_factory=Health)
+    keep_releases: int = Field(default=3, ge=2)
+
+
+@dataclass(frozen=True)
+class PatchFile:
+    path: Path
+    distribution: str
+    version: str
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    path: Path
+    model: ReleaseModel
+    release_id: str
+    patches: tuple[PatchFile, ...]
+    digest: str
+
+
+def load_spec(path: str | Path) -> ReleaseSpec:
+    path = Path(path)
+    doc = yamlfile.load(path, "release spec")
+    model = yamlfile.validate(doc, ReleaseModel, "release spec")
+    _check_requires(doc, model)
+    patches = tuple(_patch_files(doc, model))
+    digest = _digest(path, patches, model)
+    return ReleaseSpec(path, model, f"{model.name}-{model.version}-{digest[:8]}", patches, digest)
+
+
+def _check_requires(doc: yamlfile.YamlDoc, model: ReleaseModel) -> None:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    for dist, spec in model.requires.items():
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise doc.error(("requires", dist), f"requires.{dist}: {spec!r} is not a version specifier") from None
+
+
+def _patch_files(doc: yamlfile.YamlDoc, model: ReleaseModel) -> list[PatchFile]:
+    base = doc.path.parent
+    out: list[PatchFile] = []
+    for i, ref in enumerate(model.patches):
+        if ref.file is not None:
+            out.append(PatchFile(_existing(doc, ("patches", i, "file"), base / ref.file), ref.distribution or "",
+                                 ref.version or ""))
+            continue
+        series_path = _existing(doc, ("patches", i, "series"), base / (ref.series or ""))
+        out.extend(_series(series_path))
+    return out
+
+
+def _series(path: Path) -> list[PatchFile]:
+    doc = yamlfile.load(path, "patch series")
+    items = doc.data.get("patches") if isinstance(doc.data, dict) else None
+    if not isinstance(items, list):
+        raise doc.error((), "a patch series is a mapping with a 'patches' list")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not {"file", "distribution", "version"} <= set(item):
+            raise doc.error(("patches", i), f"patches.{i}: needs file, distribution and version")
+        out.append(PatchFile(_existing(doc, ("patches", i, "file"), path.parent / str(item["file"])),
+                             str(item["distribution"]), str(item["version"])))
+    return out
+
+
+def _existing(doc: yamlfile.YamlDoc, loc: tuple[Any, ...], path: Path) -> Path:
+    if not path.is_file():
+        raise doc.error(loc, f"{'.'.join(map(str, loc))}: no such file {path}")
+    return path
+
+
+def _digest(path: Path, patches: tuple[PatchFile, ...], model: ReleaseModel) -> str:
+    h = hashlib.sha256(path.read_bytes())
+    for patch in patches:
+        h.update(patch.path.read_bytes())
+    kernel_dir = path.parent / model.kernels.dir if model.kernels.dir else None
+    if kernel_dir and kernel_dir.is_dir():
+        for f in sorted(kernel_dir.rglob("*.json")):
+            h.update(str(f.relative_to(kernel_dir)).encode() + f.read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,341 @@
+"""Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
+
+Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
+Layout (ROOT defaults to /opt/fleetctl, STATE to /var/lib/fleetctl):
+  ROOT/releases/<id>/venv/          a complete venv cloned from the base (hard links where possible)
+  ROOT/releases/<id>/manifest.json  release id, spec digest, sha256 of every patched or added file
+  ROOT/releases/<id>/service.env    the service environment (mode 0600)
+  ROOT/current -> releases/<id>     switched by renaming a new symlink over the old one
+  STATE/state.json                  current, previous and the history of switches
+  STATE/deploy.lock                 flock held by the agent of the run that deploys (dies with it)
+A release folder is built under a temporary name and renamed into place when complete, so a
+folder named like a release is always whole. Patched files are new files renamed into place:
+an inode shared (hard-linked) with another release is never written.
+"""
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+
+_LOCK = {"fd": None}
+
+
+def main(params):
+    op = params.get("op")
+    handler = OPS.get(op)
+    if handler is None:
+        raise ValueError("unknown release_host op %r" % (op,))
+    return handler(params)
+
+
+# --- lock ---------------------------------------------------------------------------------------
+
+def op_lock(params):
+    """Take the host's deploy lock for this agent's lifetime; answer who holds it when refused."""
+    state_dir = params["state_dir"]
+    os.makedirs(state_dir, exist_ok=True)
+    if _LOCK["fd"] is not None:
+        return {"locked": True}
+    path = os.path.join(state_dir, "deploy.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (IOError, OSError) as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return {"locked": False, "holder": read_json(path + ".holder") or {}}
+    _LOCK["fd"] = fd
+    holder = dict(params.get("holder") or {}, agent_pid=os.getpid(), since=time.time())
+    write_json(path + ".holder", holder)
+    return {"locked": True}
+
+
+def op_unlock(params):
+    if _LOCK["fd"] is not None:
+        os.close(_LOCK["fd"])  # closing the descriptor releases the flock
+        _LOCK["fd"] = None
+    return {"locked": False}
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+def op_inspect(params):
+    """The base venv (python, site-packages, versions of the asked distributions, the files a
+    patch needs) and the host's release state, in one answer."""
+    base = params.get("base_venv")
+    answer = {"state": op_state(params), "base": None}
+    if not base:
+        return answer
+    python = os.path.join(base, "bin", "python")
+    if not os.path.exists(python):
+        answer["base"] = {"exists": False, "path": base}
+        return answer
+    info = json.loads(run_child(python, VENV_PROBE, json.dumps(params.get("dists") or [])))
+    files = {}
+    for rel in params.get("files") or []:
+        files[rel] = read_text(safe_join(info["site"], rel))
+    info.update(exists=True, path=base, files=files)
+    answer["base"] = info
+    return answer
+
+
+# Asked of the base venv's own interpreter: where its site-packages is and what is installed.
+VENV_PROBE = r"""
+import json, sys, sysconfig
+try:
+    from importlib import metadata
+except ImportError:
+    metadata = None
+names = json.loads(sys.argv[1])
+versions = {}
+for name in names:
+    try:
+        versions[name] = metadata.version(name) if metadata else None
+    except Exception:
+        versions[name] = None
+print(json.dumps({"site": sysconfig.get_paths()["purelib"], "python": sys.executable,
+                  "version": "%d.%d.%d" % sys.version_info[:3], "prefix": sys.prefix, "dists": versions}))
+"""
+
+
+def run_child(python, code, arg):
+    import subprocess
+
+    proc = subprocess.run([python, "-c", code, arg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError("%s failed: %s" % (python, proc.stderr.decode("utf-8", "replace").strip()[-500:]))
+    return proc.stdout.decode("utf-8")
+
+
+def safe_join(root, rel):
+    """``root/rel``, refusing any path that leaves ``root``."""
+    path = os.path.normpath(os.path.join(root, rel))
+    if os.path.isabs(rel) or not (path + "/").startswith(os.path.normpath(root) + "/"):
+        raise ValueError("path %r leaves %s" % (rel, root))
+    return path
+
+
+def read_text(path):
+    try:
+        with open(path, "r", encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def read_json(path):
+    text = read_text(path)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def write_json(path, data, mode=0o644):
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), mode)
+
+
+def write_atomic(path, data, mode=0o644):
+    """A new file renamed into place: readers see the old or the new content, never a mix."""
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+
+
+# --- state --------------------------------------------------------------------------------------
+
+def releases_dir(params):
+    return os.path.join(params["root"], "releases")
+
+
+def current_id(root):
+    try:
+        target = os.readlink(os.path.join(root, "current"))
+    except OSError:
+        return None
+    return os.path.basename(target.rstrip("/"))
+
+
+def op_state(params):
+    root, rels = params["root"], releases_dir(params)
+    state = read_json(os.path.join(params["state_dir"], "state.json")) or {}
+    releases = []
+    for name in sorted(os.listdir(rels)) if os.path.isdir(rels) else []:
+        manifest = read_json(os.path.join(rels, name, "manifest.json"))
+        if name.startswith(".") or manifest is None:
+            continue  # a temporary folder of a build that did not finish
+        releases.append({"id": name, "created": manifest.get("created"), "spec_digest": manifest.get("spec_digest")})
+    releases.sort(key=lambda r: r.get("created") or 0)
+    service = read_json(os.path.join(root, "current", "service.json")) or {}
+    service.pop("unit", None)
+    return {"current": current_id(root), "previous": state.get("previous"), "history": state.get("history", [])[-20:],
+            "releases": releases, "hostname": socket.gethostname(), "service": service}
+
+
+# --- build --------------------------------------------------------------------------------------
+
+def op_build(params):
+    """Clone the base venv into a new release folder, patch it, write env + manifest, publish."""
+    rels = releases_dir(params)
+    final = os.path.join(rels, params["release_id"])
+    existing = read_json(os.path.join(final, "manifest.json"))
+    if existing and existing.get("spec_digest") == params["manifest"]["spec_digest"]:
+        return {"built": False, "path": final, "reason": "already built"}
+    if existing or os.path.exists(final):
+        raise RuntimeError("%s exists but holds another build of that id; remove it first" % final)
+    os.makedirs(rels, exist_ok=True)
+    tmp = os.path.join(rels, ".%s.tmp-%d" % (params["release_id"], os.getpid()))
+    clear_stale_tmp(rels, params["release_id"])
+    venv = os.path.join(tmp, "venv")
+    stats = clone_tree(params["base_venv"], venv)
+    stats["relocated"] = relocate_venv(venv, params["base_venv"], os.path.join(final, "venv"))
+    manifest = dict(params["manifest"], created=time.time(), venv_files={})
+    site_rel = os.path.relpath(params["site"], params["base_venv"])
+    for rel, text in sorted((params.get("files") or {}).items()):
+        path = safe_join(os.path.join(venv, site_rel), rel)
+        if text is None:
+            if os.path.lexists(path):
+                os.unlink(path)
+            continue
+        data = text.encode("utf-8")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, data, file_mode(path))
+        manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
+    for name, text in (params.get("extra_files") or {}).items():
+        write_atomic(safe_join(tmp, name), text.encode("utf-8"), 0o644)
+    write_atomic(os.path.join(tmp, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
+    write_json(os.path.join(tmp, "manifest.json"), manifest)
+    os.rename(tmp, final)  # published whole
+    return dict(stats, built=True, path=final)
+
+
+def file_mode(path):
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return 0o644
+
+
+def clear_stale_tmp(rels, release_id):
+    prefix = ".%s.tmp-" % release_id
+    for name in os.listdir(rels):
+        if name.startswith(prefix):
+            shutil.rmtree(os.path.join(rels, name), ignore_errors=True)
+
+
+def clone_tree(src, dst):
+    """Hard-link every file of ``src`` into ``dst`` (copy when link() fails: another mount)."""
+    stats = {"linked": 0, "copied": 0}
+    can_link = [True]
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        target_dir = os.path.normpath(os.path.join(dst, rel))
+        os.makedirs(target_dir, exist_ok=True)
+        shutil.copystat(root, target_dir)
+        for name in dirs + files:
+            source, target = os.path.join(root, name), os.path.join(target_dir, name)
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), target)
+            elif name in files:
+                clone_file(source, target, can_link, stats)
+    return stats
+
+
+def clone_file(source, target, can_link, stats):
+    if can_link[0]:
+        try:
+            os.link(source, target)
+            stats["linked"] += 1
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            can_link[0] = False  # across mount points: copy the rest
+    shutil.copy2(source, target)
+    stats["copied"] += 1
+
+
+def relocate_venv(venv, old_prefix, new_prefix):
+    """Make the clone work at its new path: rewrite the old prefix in scripts, activate files and
+    .pth files (each written as a new file: never through a hard link shared with the base)."""
+    old, new = old_prefix.rstrip("/").encode(), new_prefix.rstrip("/").encode()
+    changed = 0
+    candidates = [os.path.join(venv, "bin", n) for n in sorted(os.listdir(os.path.join(venv, "bin")))]
+    candidates.append(os.path.join(venv, "pyvenv.cfg"))
+    for path in candidates:
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as handle:
+            data = handle.read()
+        if old in data and b"\0" not in data[:1024]:
+            write_atomic(path, data.replace(old, new), file_mode(path))
+            changed += 1
+    return changed
+
+
+# --- switch and prune ---------------------------------------------------------------------------
+
+def op_switch(params):
+    """Point ROOT/current at the release atomically and record the switch in state.json."""
+    root, target_id = params["root"], params["release_id"]
+    if read_json(os.path.join(releases_dir(params), target_id, "manifest.json")) is None:
+        raise RuntimeError("release %s is not on this host (or incomplete)" % target_id)
+    before = current_id(root)
+    link = os.path.join(root, ".current.tmp-%d" % os.getpid())
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.join("releases", target_id), link)
+    os.rename(link, os.path.join(root, "current"))  # rename(2) over the old link: atomic
+    state_path = os.path.join(params["state_dir"], "state.json")
+    state = read_json(state_path) or {}
+    history = state.get("history", [])
+    history.append({"time": time.time(), "from": before, "to": target_id, "reason": params.get("reason", ""),
+                    "who": params.get("who", "")})
+    previous = before if before != target_id else state.get("previous")
+    os.makedirs(params["state_dir"], exist_ok=True)
+    write_json(state_path, {"current": target_id, "previous": previous, "history": history[-200:]})
+    return {"from": before, "to": target_id, "previous": previous}
+
+
+def op_prune(params):
+    """Keep the newest ``keep`` releases; never remove current or previous."""
+    state = op_state(params)
+    protect = set(filter(None, [state["current"], state["previous"]] + list(params.get("protect") or [])))
+    ids = [r["id"] for r in state["releases"]]
+    removed = []
+    for rid in ids[: max(0, len(ids) - int(params.get("keep", 3)))]:
+        if rid not in protect:
+            shutil.rmtree(os.path.join(releases_dir(params), rid))
+            removed.append(rid)
+    return {"removed": removed}
+
+
+def op_files(params):
+    """sha256 of every file under a folder (tests and check mode compare before/after)."""
+    out = {}
+    top = params["path"]
+    for root, _dirs, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as handle:
+                    out[os.path.relpath(path, top)] = hashlib.sha256(handle.read()).hexdigest()
+    return out
+
+
+OPS = {"lock": op_lock, "unlock": op_unlock, "inspect": op_inspect, "state": op_state, "build": op_build,
+       "switch": op_switch, "prune": op_prune, "files": op_files}

@@ -1,0 +1,114 @@
+"""YAML files whose errors name ``file:line``: release specs, playbooks, kernel manifests.
+
+``load(path)`` parses with a safe loader that records the line of every mapping key, and
+``validate(path, doc, Model)`` checks the document against a pydantic model, turning the first
+problem into one ``InputError`` line that names the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from fleetctl.errors import InputError
+
+M = TypeVar("M")
+
+
+class _LineLoader(yaml.SafeLoader):
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.key_lines: dict[int, dict[Any, int]] = {}
+        self.item_lines: dict[int, list[int]] = {}
+
+
+def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+    data: dict[Any, Any] = {}
+    yield data
+    data.update(loader.construct_mapping(node, deep=True))
+    loader.key_lines[id(data)] = {loader.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
+
+
+def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[list[Any]]:
+    data: list[Any] = []
+    yield data
+    data.extend(loader.construct_sequence(node, deep=True))
+    loader.item_lines[id(data)] = [item.start_mark.line + 1 for item in node.value]
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+
+
+@dataclass
+class YamlDoc:
+    path: Path
+    data: Any
+    key_lines: dict[int, dict[Any, int]] = field(default_factory=dict)
+    item_lines: dict[int, list[int]] = field(default_factory=dict)
+    start_line: int = 1
+
+    def line_of(self, loc: tuple[Any, ...]) -> int:
+        """The line of the deepest part of ``loc`` (a path of keys and list indexes) that exists."""
+        line, node = self.start_line, self.data
+        for part in loc:
+            if isinstance(node, Mapping) and part in node:
+                line = self.key_lines.get(id(node), {}).get(part, line)
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                lines = self.item_lines.get(id(node), [])
+                line = lines[part] if part < len(lines) else line
+                node = node[part]
+            else:
+                break
+        return line
+
+    def error(self, loc: tuple[Any, ...], message: str) -> InputError:
+        return InputError(f"{self.path}:{self.line_of(loc)}: {message}")
+
+
+def load(path: Path, what: str) -> YamlDoc:
+    """Parse ``path``; a missing file or a YAML syntax error is one line naming file:line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read {what}: {exc}") from None
+    loader = _LineLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"{where}: YAML error: {' '.join(str(problem).split())}") from None
+    finally:
+        loader.dispose()
+    start = node.start_mark.line + 1 if node is not None else 1
+    return YamlDoc(path, data, loader.key_lines, loader.item_lines, start)
+
+
+def validate(doc: YamlDoc, model: type[M], what: str) -> M:
+    """``model`` (a pydantic model) from the document; the first error names file:line and key."""
+    from pydantic import ValidationError
+
+    if not isinstance(doc.data, Mapping):
+        raise doc.error((), f"a {what} must be a mapping of keys, got {type(doc.data).__name__}")
+    try:
+        return model.model_validate(doc.data)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif first["type"] == "missing":
+            message = "required key missing"
+        raise doc.error(loc, f"{key}: {message}") from None
