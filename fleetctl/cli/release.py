@@ -33,7 +33,7 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool) -> in
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
     else:
-        print_deploy(spec.release_id, results, show_diff or check)
+        print_deploy(spec.release_id, results, show_diff)
     return exit_code_for(results)
 
 
@@ -57,11 +57,15 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
     rows = []
     for name, res in results.items():
         v = res.value
-        gates = ", ".join(f"{g.name}: {'ok' if g.ok else 'FAILED'}" for g in v.gates) if v else ""
+        failed = v.failed_gate() if v else None
+        gates = (f"FAILED {failed.name}" if failed else f"{len(v.gates)} passed") if v and v.gates else ""
         build = f"{v.build.get('linked', 0)} linked, {v.build.get('copied', 0)} copied" if v and v.build else ""
         rows.append([name, render.status_text(res), v.outcome if v else "", v.previous or "-" if v else "", build,
                      gates])
     out.print(render.table(f"release {release_id}", ["host", "status", "outcome", "previous", "build", "gates"], rows))
+    planned = {", ".join(sorted(r.value.diffs)) for r in results.values() if r.value and r.value.diffs}
+    for files in sorted(planned):
+        out.print(render.cell(f"would write: {files} (--diff shows the changes)"))
     if show_diff:
         shown: set[str] = set()
         for res in results.values():

@@ -103,6 +103,8 @@ def write_inventory(paths: LabPaths, hosts: list[LabHost]) -> None:
             "ansible_user": "root",
             "ansible_ssh_private_key_file": paths.client_key.name,
             "ansible_python_interpreter": PYTHON,
+            # Lab hosts share this machine's network: each host's service listens on its own address.
+            "service_host": h.address,
         }
         for h in hosts
     }

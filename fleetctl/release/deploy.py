@@ -23,7 +23,16 @@ from packaging.specifiers import SpecifierSet
 from fleetctl.errors import HostError
 from fleetctl.release import patches as patchlib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
-from fleetctl.release.service import STANDIN, STANDIN_NAME, HostLayout, control, env_file, layout_for, stored_params
+from fleetctl.release.service import (
+    STANDIN,
+    STANDIN_NAME,
+    HostLayout,
+    control,
+    env_file,
+    layout_for,
+    listen,
+    stored_params,
+)
 from fleetctl.release.spec import Health, PatchFile, ReleaseSpec
 from fleetctl.transport.base import HostSession
 
@@ -95,7 +104,9 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
     with host_lock(session, layout, holder):
         base, state = inspect(session, spec, loaded, layout)
         files = apply_patches(session.name, loaded, base)
-        result = DeployResult(session.name, spec.release_id, "planned", previous=state.get("current"))
+        # The release to fall back to: what runs now, unless that is this very release.
+        previous = state.get("previous") if state.get("current") == spec.release_id else state.get("current")
+        result = DeployResult(session.name, spec.release_id, "planned", previous=previous)
         if check:
             result.diffs = diffs(base, files, spec)
             return result
@@ -104,7 +115,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
             return result
         result.build = build(session, spec, layout, base, files)
         switch_and_restart(session, layout, spec.release_id, "deploy", holder)
-        result.gates = run_gates(session, spec.model.health, layout, spec.model.service.port)
+        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
         if all(g.ok for g in result.gates):
             result.outcome = "deployed"
             result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
@@ -138,9 +149,9 @@ def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, 
     for ref, patchset in loaded:
         found = base["dists"].get(ref.distribution) or "none"
         for fp in patchset.files:
-            current[fp.path] = patchlib.apply(fp, current.get(fp.path), patch_file=ref.path.name, host=host,
-                                              dist=ref.distribution, expected_version=ref.version,
-                                              found_version=found)
+            text = patchlib.apply(fp, current.get(fp.path), patch_file=ref.path.name, host=host,
+                                  dist=ref.distribution, expected_version=ref.version, found_version=found)
+            current[fp.path] = None if fp.deleted else text
     return {path: text for path, text in current.items() if text != base["files"].get(path) or text is None}
 
 
@@ -187,6 +198,6 @@ def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: Hos
         return result
     switch_and_restart(session, layout, result.previous, f"health gate failed for {spec.release_id}", holder)
     health = Health(path=spec.model.health.path, timeout=spec.model.health.timeout)
-    result.rollback_gates = [wait_healthy(session, health, layout, spec.model.service.port)]
+    result.rollback_gates = [wait_healthy(session, health, layout, listen(spec, layout)[1])]
     result.outcome = "rolled-back"
     return result

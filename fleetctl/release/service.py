@@ -19,8 +19,13 @@ STANDIN_NAME = "sglang_standin.py"
 
 @dataclass(frozen=True)
 class HostLayout:
+    """Where releases and state live on one host, and where its service listens (host vars
+    ``service_host``/``service_port`` override the spec's: lab hosts share one network)."""
+
     root: str = "/opt/fleetctl"
     state_dir: str = "/var/lib/fleetctl"
+    service_host: str | None = None
+    service_port: int | None = None
 
     @property
     def current(self) -> str:
@@ -31,18 +36,27 @@ class HostLayout:
 
 
 def layout_for(host_vars: dict[str, object]) -> HostLayout:
-    """``fleetctl_root`` and ``fleetctl_state_dir`` host vars override the defaults."""
+    """``fleetctl_root``, ``fleetctl_state_dir``, ``service_host``, ``service_port`` host vars."""
+    port = host_vars.get("service_port")
     return HostLayout(str(host_vars.get("fleetctl_root") or "/opt/fleetctl"),
-                      str(host_vars.get("fleetctl_state_dir") or "/var/lib/fleetctl"))
+                      str(host_vars.get("fleetctl_state_dir") or "/var/lib/fleetctl"),
+                      str(host_vars["service_host"]) if host_vars.get("service_host") else None,
+                      int(str(port)) if port else None)
+
+
+def listen(spec: ReleaseSpec, layout: HostLayout) -> tuple[str, int]:
+    svc = spec.model.service
+    return layout.service_host or svc.host, layout.service_port or svc.port
 
 
 def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
     svc = spec.model.service
     python = f"{layout.current}/venv/bin/python"
-    listen = [] if {"--host", "--port"} & set(svc.args) else ["--host", svc.host, "--port", str(svc.port)]
+    host, port = listen(spec, layout)
+    where = [] if {"--host", "--port"} & set(svc.args) else ["--host", host, "--port", str(port)]
     if svc.standin:  # lab hosts have no GPU: fleetctl's stand-in answers SGLang's health surface
-        return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *listen, "--", *svc.args]
-    return [python, "-m", svc.module, *svc.args, *listen]
+        return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *where, "--", *svc.args]
+    return [python, "-m", svc.module, *svc.args, *where]
 
 
 def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None) -> str:
@@ -80,7 +94,8 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
     svc = spec.model.service
     return {"release_id": spec.release_id, "command": command(spec, layout),
             "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
-            "unit": unit(spec, layout), "host": svc.host, "port": svc.port, "health_path": spec.model.health.path}
+            "unit": unit(spec, layout), "host": listen(spec, layout)[0], "port": listen(spec, layout)[1],
+            "health_path": spec.model.health.path}
 
 
 def control(layout: HostLayout, op: str, manager: str | None = None) -> dict[str, object]:

@@ -259,6 +259,7 @@ def verify(dists, params):
     for dist in dists:
         verify_dist(dist, prefix, cache, patched, owners, out)
     out["orphans"] = find_orphans(dists, owners, shadowed_dist_infos(dists), prefix)
+    added_by_release(out, patched, cache, prefix)
     out["cache_hits"], out["cache_misses"] = cache.hits, cache.misses
     out["cache_error"] = cache.save()
     return out
@@ -365,6 +366,20 @@ def find_orphans(dists, owners, shadowed, prefix):
                         item["left_by"] = owned_by[0]
                     orphans.append(item)
     return orphans
+
+
+def added_by_release(out, patched, cache, prefix):
+    """Files a release added (in no RECORD) are 'patched by release X' when their hash is the one
+    the release recorded, not orphans."""
+    kept = []
+    for item in out["orphans"]:
+        release = patched.get(item["path"])
+        path = os.path.join(prefix, item["path"])
+        if release and cache.sha256(path, os.stat(path)) == release["sha256"]:
+            out["patched"].append(dict(item, release=release["release"], sha256=release["sha256"], added=True))
+        else:
+            kept.append(item)
+    out["orphans"] = kept
 
 
 def release_hashes(manifest_path):

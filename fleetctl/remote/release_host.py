@@ -1,3 +1,4 @@
+# fleetctl-include: relocate
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
 
 Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
@@ -194,6 +195,7 @@ def op_build(params):
     final = os.path.join(rels, params["release_id"])
     existing = read_json(os.path.join(final, "manifest.json"))
     if existing and existing.get("spec_digest") == params["manifest"]["spec_digest"]:
+        write_host_files(final, params)  # host settings (address, env) may change without the release
         return {"built": False, "path": final, "reason": "already built"}
     if existing or os.path.exists(final):
         raise RuntimeError("%s exists but holds another build of that id; remove it first" % final)
@@ -202,7 +204,7 @@ def op_build(params):
     clear_stale_tmp(rels, params["release_id"])
     venv = os.path.join(tmp, "venv")
     stats = clone_tree(params["base_venv"], venv)
-    stats["relocated"] = relocate_venv(venv, params["base_venv"], os.path.join(final, "venv"))
+    stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
     manifest = dict(params["manifest"], created=time.time(), venv_files={})
     site_rel = os.path.relpath(params["site"], params["base_venv"])
     for rel, text in sorted((params.get("files") or {}).items()):
@@ -215,12 +217,17 @@ def op_build(params):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_atomic(path, data, file_mode(path))
         manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
-    for name, text in (params.get("extra_files") or {}).items():
-        write_atomic(safe_join(tmp, name), text.encode("utf-8"), 0o644)
-    write_atomic(os.path.join(tmp, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
+    write_host_files(tmp, params)
     write_json(os.path.join(tmp, "manifest.json"), manifest)
     os.rename(tmp, final)  # published whole
     return dict(stats, built=True, path=final)
+
+
+def write_host_files(folder, params):
+    """The service's files in a release folder: service.json, the stand-in, service.env (0600)."""
+    for name, text in (params.get("extra_files") or {}).items():
+        write_atomic(safe_join(folder, name), text.encode("utf-8"), 0o644)
+    write_atomic(os.path.join(folder, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
 
 
 def file_mode(path):
@@ -269,22 +276,24 @@ def clone_file(source, target, can_link, stats):
     stats["copied"] += 1
 
 
-def relocate_venv(venv, old_prefix, new_prefix):
-    """Make the clone work at its new path: rewrite the old prefix in scripts, activate files and
-    .pth files (each written as a new file: never through a hard link shared with the base)."""
-    old, new = old_prefix.rstrip("/").encode(), new_prefix.rstrip("/").encode()
-    changed = 0
-    candidates = [os.path.join(venv, "bin", n) for n in sorted(os.listdir(os.path.join(venv, "bin")))]
-    candidates.append(os.path.join(venv, "pyvenv.cfg"))
-    for path in candidates:
-        if os.path.islink(path) or not os.path.isfile(path):
-            continue
-        with open(path, "rb") as handle:
-            data = handle.read()
-        if old in data and b"\0" not in data[:1024]:
-            write_atomic(path, data.replace(old, new), file_mode(path))
-            changed += 1
-    return changed
+def relocate_clone(venv, old_prefix, new_prefix):
+    """Make the clone work at its new path: scripts and activate files in bin/, pyvenv.cfg and .pth
+    files naming the old prefix are rewritten (new files: never through a link shared with the
+    base), and the RECORD rows of rewritten files rehashed, so drift sees a clean venv. Unlike the
+    overlay, site-packages is not scanned whole: a multi-GB venv must clone in seconds."""
+    candidates = [os.path.join(venv, "pyvenv.cfg")]
+    bindir = os.path.join(venv, "bin")
+    candidates += [os.path.join(bindir, n) for n in sorted(os.listdir(bindir))] if os.path.isdir(bindir) else []
+    sites = site_packages_of(venv)
+    for site in sites:
+        candidates += [os.path.join(site, n) for n in sorted(os.listdir(site)) if n.endswith(".pth")]
+    changed = [p for p in candidates if os.path.isfile(p) and not os.path.islink(p)
+               and relocate_file(p, old_prefix, new_prefix)]
+    for site in sites:
+        for entry in sorted(os.listdir(site)):
+            if entry.endswith(".dist-info"):
+                rewrite_record(os.path.join(site, entry), changed)
+    return len(changed)
 
 
 # --- switch and prune ---------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Releases: spec, patches, host layout, service, health gates."""
