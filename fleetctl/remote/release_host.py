@@ -59,6 +59,9 @@ def op_lock(params):
 
 def op_unlock(params):
     if _LOCK["fd"] is not None:
+        path = os.path.join(params["state_dir"], "deploy.lock.holder")
+        if os.path.exists(path):
+            os.unlink(path)  # before the flock goes: a waiting run never reads a stale holder
         os.close(_LOCK["fd"])  # closing the descriptor releases the flock
         _LOCK["fd"] = None
     return {"locked": False}
