@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetctl.errors import InputError
 from fleetctl.release.spec import ReleaseSpec
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -26,6 +27,7 @@ class HostLayout:
     state_dir: str = "/var/lib/fleetctl"
     service_host: str | None = None
     service_port: int | None = None
+    service_manager: str | None = None
 
     @property
     def current(self) -> str:
@@ -36,12 +38,15 @@ class HostLayout:
 
 
 def layout_for(host_vars: dict[str, object]) -> HostLayout:
-    """``fleetctl_root``, ``fleetctl_state_dir``, ``service_host``, ``service_port`` host vars."""
-    port = host_vars.get("service_port")
+    """Host vars ``fleetctl_root``, ``fleetctl_state_dir``, ``service_host``, ``service_port`` and
+    ``service_manager`` (systemd | process; detected on the host when unset)."""
+    port, manager = host_vars.get("service_port"), host_vars.get("service_manager")
+    if manager not in (None, "systemd", "process"):
+        raise InputError(f"service_manager must be systemd or process, got {manager!r}")
     return HostLayout(str(host_vars.get("fleetctl_root") or "/opt/fleetctl"),
                       str(host_vars.get("fleetctl_state_dir") or "/var/lib/fleetctl"),
                       str(host_vars["service_host"]) if host_vars.get("service_host") else None,
-                      int(str(port)) if port else None)
+                      int(str(port)) if port else None, str(manager) if manager else None)
 
 
 def listen(spec: ReleaseSpec, layout: HostLayout) -> tuple[str, int]:
@@ -85,8 +90,14 @@ def unit(spec: ReleaseSpec, layout: HostLayout) -> str:
                       autoescape=False)
     return env.get_template("sglang.service.j2").render(
         release_id=spec.release_id, env_file=f"{layout.current}/service.env",
-        command=[shlex.quote(c) for c in command(spec, layout)], workdir=layout.current,
+        command=[systemd_quote(c) for c in command(spec, layout)], workdir=layout.current,
         stop_timeout=spec.model.service.stop_timeout)
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart word: quoted like a shell word, with systemd's own specifiers (%) and
+    variable expansion ($) escaped so the argument reaches the process unchanged."""
+    return shlex.quote(arg).replace("%", "%%").replace("$", "$$")
 
 
 def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
@@ -95,10 +106,12 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
     return {"release_id": spec.release_id, "command": command(spec, layout),
             "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
             "unit": unit(spec, layout), "host": listen(spec, layout)[0], "port": listen(spec, layout)[1],
-            "health_path": spec.model.health.path}
+            "health_path": spec.model.health.path,
+            "manager": None if svc.manager == "auto" else svc.manager}
 
 
-def control(layout: HostLayout, op: str, manager: str | None = None) -> dict[str, object]:
-    """Params for ``remote/service_host.py``: start/restart take the rest from current's service.json."""
-    return {"op": op, "name": "sglang", "state_dir": layout.state_dir, "manager": manager,
+def control(layout: HostLayout, op: str) -> dict[str, object]:
+    """Params for ``remote/service_host.py``: start/restart take the rest from current's service.json
+    (which also holds the spec's ``service.manager``); the host var ``service_manager`` wins."""
+    return {"op": op, "name": "sglang", "state_dir": layout.state_dir, "manager": layout.service_manager,
             "params_file": f"{layout.current}/service.json"}

@@ -34,8 +34,8 @@ def with_release_params(params):
     """A release folder's ``service.json`` supplies command, env file and unit: a restart after any
     switch (deploy or rollback) runs exactly what the now-current release was built with."""
     path = params.get("params_file")
-    if not path or params.get("op") not in ("start", "restart"):
-        return params
+    if not path or (params.get("op") not in ("start", "restart") and not os.path.exists(path)):
+        return params  # status/stop of a host with no release yet: nothing stored to read
     import json
 
     with open(path, "r", encoding="utf-8") as handle:
