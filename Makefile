@@ -22,9 +22,10 @@ deps: $(STAMP) sshd
 # The lab hosts are real OpenSSH servers; the tests drive them with the real ssh client too.
 sshd:
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null \
-	    || ! dpkg -s python3-venv >/dev/null 2>&1; then \
-	  echo "installing openssh-server, openssh-client, util-linux, python3-venv"; \
-	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv >/dev/null; \
+	    || ! command -v systemd-analyze >/dev/null || ! dpkg -s python3-venv >/dev/null 2>&1; then \
+	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd"; \
+	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv \
+	    systemd >/dev/null; \
 	fi
 
 demo: deps
@@ -41,8 +42,10 @@ pytest: deps
 
 test: lint typecheck pytest
 
+# Each script starts its own lab, measures whole commands side by side, writes bench/*.md.
+BENCHES := bench/run.py bench/probe_search.py bench/release.py $(wildcard bench/overlay.py)
 bench: deps
-	$(BIN)/python bench/run.py
+	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
 lab-down: $(STAMP)
 	$(BIN)/fleetctl lab down
