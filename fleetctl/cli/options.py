@@ -8,8 +8,10 @@ from typing import Any
 import click
 import yaml
 
+from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import ExitCode
+from fleetctl.probes import Expect, check_expectation
 from fleetctl.transport.base import HostResult
 
 
@@ -65,3 +67,24 @@ def host_options(fn: Any) -> Any:
     fn = click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
                       help="Print one JSON document.")(fn)
     return fn
+
+
+expect_option = click.option(
+    "--expect", type=click.Choice([e.value for e in Expect]), default=None,
+    help="Exit 1 when the answer is not this on some host, naming those hosts (health gates use this).",
+)
+
+
+def finish(results: dict[str, HostResult[Any]], expect: str | None, found: Any, what: str) -> int:
+    """Exit code for a probe: 2 if hosts failed, else 1 if ``--expect`` failed somewhere, else 0.
+
+    Prints the expectation's verdict on stderr when one was asked for.
+    """
+    code = exit_code_for(results)
+    if expect is None:
+        return code
+    report = check_expectation(results, found, Expect(expect))
+    render.console(stderr=True).print(report.message(what), markup=False)
+    if code == ExitCode.OK and not report.ok:
+        return int(ExitCode.BAD_ANSWER)
+    return code

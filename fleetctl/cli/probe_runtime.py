@@ -11,8 +11,7 @@ import click
 from fleetctl import render
 from fleetctl.adhoc import OutputBlock
 from fleetctl.cli.context import AppContext
-from fleetctl.cli.options import exit_code_for, host_options, venv_option
-from fleetctl.cli.probe import expect_option, finish
+from fleetctl.cli.options import exit_code_for, expect_option, finish, host_options, venv_option
 from fleetctl.errors import ExitCode
 from fleetctl.probes import as_dict
 from fleetctl.probes import http as http_core

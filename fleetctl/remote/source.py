@@ -1,0 +1,599 @@
+"""Search the source of a package installed for this interpreter: grep and symbol.
+
+Stdlib only, Python >= 3.8. Run under a venv's python (the agent starts it as a child) so that the
+package is found where ``import`` would find it: ``importlib.util.find_spec`` (which does not
+execute the package), never a hard-coded path. Paths in answers are relative to the folder that
+holds the package (site-packages), so they read ``sglang/srt/...`` like pip's RECORD.
+
+params:
+  mode:        "grep" | "symbol"
+  package:     import name, e.g. "sglang" ("sglang.srt" works too, nothing is imported)
+  subpath:     optional folder or file under the package, e.g. "srt"
+  grep:        terms (list of str), regex (bool), ignore_case (bool), max_hits (int), context (int)
+  symbol:      name ("update_mamba_state_after_mtp_verify" or "SpeculativeAlgorithm.DFLASH")
+
+Speed matters (2,141 files in sglang/srt): each file is read once as bytes; fixed strings are
+found with ``bytes.find`` on the whole file, line numbers are counted only around hits, and only
+matching lines are decoded. No per-line Python loop. The files are shared out among forked
+workers, one per usable CPU (``workers`` in params overrides).
+"""
+
+import ast
+import importlib.util
+import marshal
+import os
+import re
+import sys
+import time
+
+BINARY_PROBE = 8192  # a NUL byte in the first 8 KB marks a binary file, as ripgrep does
+FIRST_READ = 1 << 16
+MAX_LINE = 500  # longer matching lines (minified files) are cut, the count is unaffected
+PY_SUFFIXES = (".py", ".pyi")
+UNREADABLE = False  # what read_text_bytes gives for a file it may not open or read
+
+
+class ProbeInputError(Exception):
+    """The request cannot be answered on this host (no such package, path or regex)."""
+
+
+def main(params):
+    params = params or {}
+    mode = params.get("mode")
+    if mode == "grep":
+        return grep(params)
+    if mode == "symbol":
+        return symbol(params)
+    raise ProbeInputError("unknown mode %r (expected grep or symbol)" % (mode,))
+
+
+# -- locating the package --------------------------------------------------------------------
+
+def python_version():
+    return "%d.%d.%d" % tuple(sys.version_info[:3])
+
+
+def interpreter():
+    return "%s (Python %s)" % (sys.executable, python_version())
+
+
+def find_package(package):
+    """(root, package_dir): root is the folder holding the package, answers' paths start there."""
+    top, _, rest = package.partition(".")
+    saved = sys.path[:]
+    # A '' or '.' entry (python -c) would let the current directory shadow the installed package.
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as exc:
+        raise ProbeInputError("cannot look up %s for %s: %s" % (top, interpreter(), exc)) from None
+    finally:
+        sys.path[:] = saved
+    if spec is None:
+        raise ProbeInputError("%s is not installed for %s" % (top, interpreter()))
+    locations = list(spec.submodule_search_locations or [])
+    if locations:
+        pkg_dir = os.path.join(locations[0], *rest.split(".")) if rest else locations[0]
+        if not os.path.isdir(pkg_dir):
+            raise ProbeInputError("%s has no subpackage folder %s (%s)" % (top, rest, interpreter()))
+        return os.path.dirname(locations[0]), pkg_dir
+    if spec.origin and os.path.isfile(spec.origin) and not rest:  # a single-module distribution
+        return os.path.dirname(spec.origin), spec.origin
+    raise ProbeInputError("%s has no source files for %s (built-in or frozen)" % (package, interpreter()))
+
+
+def search_base(params):
+    """(root, package_dir, base): base is the folder or file searched."""
+    package = params.get("package") or ""
+    if not package or package.startswith(".") or "/" in package:
+        raise ProbeInputError("bad package name %r" % (package,))
+    root, pkg_dir = find_package(package)
+    subpath = (params.get("subpath") or "").strip("/")
+    if not subpath:
+        return root, pkg_dir, pkg_dir
+    parts = subpath.split("/")
+    if ".." in parts or os.path.isabs(subpath):
+        raise ProbeInputError("subpath %r must stay inside the package folder" % (subpath,))
+    base = os.path.join(pkg_dir, *parts)
+    if not os.path.exists(base):
+        raise ProbeInputError("subpath %s not found in %s" % (subpath, pkg_dir))
+    return root, pkg_dir, base
+
+
+def list_files(base, suffixes=None):
+    """Every regular file under base, skipping __pycache__; symlinks are not followed (as rg)."""
+    if os.path.isfile(base):
+        return [base]
+    out = []
+    stack = [base]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    if suffixes is None or entry.name.endswith(suffixes):
+                        out.append(entry.path)
+    return out
+
+
+def read_text_bytes(path):
+    """The file's bytes; None for a binary file (only its first 64 KB are read then); UNREADABLE."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return UNREADABLE
+    try:
+        head = os.read(fd, FIRST_READ)  # most source files fit: one read
+        if head.find(b"\0", 0, BINARY_PROBE) >= 0:
+            return None
+        if len(head) < FIRST_READ:
+            return head
+        chunks = [head]
+        while True:
+            more = os.read(fd, 1 << 20)
+            if not more:
+                return b"".join(chunks)
+            chunks.append(more)
+    except OSError:
+        return UNREADABLE
+    finally:
+        os.close(fd)
+
+
+def answer_base(root, pkg_dir, base):
+    return {"schema": 1, "python": sys.executable, "python_version": python_version(),
+            "root": root, "package_dir": pkg_dir, "search_path": base}
+
+
+# -- grep ------------------------------------------------------------------------------------
+
+def compile_terms(terms, regex, ignore_case):
+    """(finders, hay_kind): finders[i](hay, pos) -> offset of the next match of term i, or -1.
+
+    hay_kind says what the finders search: "bytes", "lower" (ASCII-lowered bytes, for -i), or
+    "text" (decoded str, only when a term is non-ASCII: bytes cannot fold its case).
+    """
+    if not terms or any(not t for t in terms):
+        raise ProbeInputError("empty search term")
+    text = any(ord(c) > 127 for t in terms for c in t)
+    if not regex and not text:
+        if ignore_case:
+            return [_fixed(t.lower().encode("ascii")) for t in terms], "lower"
+        return [_fixed(t.encode("ascii")) for t in terms], "bytes"
+    flags = re.MULTILINE | (re.IGNORECASE if ignore_case else 0)
+    finders = []
+    for term in terms:
+        source = term if regex else re.escape(term)
+        try:
+            pattern = re.compile(source if text else source.encode("utf-8"), flags)
+        except re.error as exc:
+            raise ProbeInputError("invalid regex %r: %s" % (term, exc)) from None
+        finders.append(_searcher(pattern, "\n" if text else b"\n"))
+    return finders, "text" if text else "bytes"
+
+
+def _fixed(needle):
+    return lambda hay, pos: hay.find(needle, pos)
+
+
+def _searcher(pattern, nl):
+    """Regexes match within one line, as grep: a whole-file match that crosses a line end (``\\s*``
+    eats newlines) is checked again on each line it touched, each bounded to that line."""
+    def find(hay, pos):
+        while True:
+            m = pattern.search(hay, pos)
+            if m is None:
+                return -1
+            start, end = m.span()
+            if hay.find(nl, start, end) < 0:
+                return start
+            line_start = hay.rfind(nl, 0, start) + 1
+            while line_start <= end:
+                line_end = hay.find(nl, line_start)
+                line_end = len(hay) if line_end < 0 else line_end
+                inner = pattern.search(hay, line_start, line_end)
+                if inner is not None:
+                    return inner.start()
+                line_start = line_end + 1
+            pos = line_start
+    return find
+
+
+def match_lines(hay, find, nl, pos):
+    """{line number: offset of its first byte} of every line where ``find`` matches, from the first match at pos."""
+    out = {}
+    line, last = 1, 0
+    while pos >= 0:
+        line += hay.count(nl, last, pos)
+        out[line] = hay.rfind(nl, 0, pos) + 1
+        end = hay.find(nl, pos)
+        if end < 0:
+            break
+        line, last = line + 1, end + 1
+        pos = find(hay, last)
+    return out
+
+
+def line_text(src, start, nl):
+    end = src.find(nl, start)
+    piece = src[start:] if end < 0 else src[start:end]
+    text = piece if isinstance(piece, str) else piece.decode("utf-8", "replace")
+    text = text.rstrip("\r")
+    return text if len(text) <= MAX_LINE else text[:MAX_LINE] + "\u2026"
+
+
+def context_lines(src, start, lineno, n, nl):
+    """[(line, text)] of the n lines before and after the line starting at ``start``."""
+    out = []
+    pos = start
+    for i in range(1, n + 1):  # before: walk back one newline at a time
+        if pos == 0:
+            break
+        pos = src.rfind(nl, 0, pos - 1) + 1
+        out.append((lineno - i, line_text(src, pos, nl)))
+    pos = start
+    for i in range(1, n + 1):
+        end = src.find(nl, pos)
+        if end < 0 or end + 1 >= len(src):
+            break
+        pos = end + 1
+        out.append((lineno + i, line_text(src, pos, nl)))
+    return out
+
+
+def grep_file(data, terms, finders, kind, budget, context):
+    """One file's entry, or None without a match. ``budget``: how many lines may still be listed."""
+    hay = data.lower() if kind == "lower" else data.decode("utf-8", "replace") if kind == "text" else data
+    src = hay if kind == "text" else data
+    nl = "\n" if kind == "text" else b"\n"
+    per_term = {}
+    for term, find in zip(terms, finders):
+        first = find(hay, 0)  # most files hold no term: one C-level scan each, nothing more
+        if first >= 0:
+            per_term[term] = match_lines(hay, find, nl, first)
+    if not per_term:
+        return None
+    starts = {}
+    for found in per_term.values():
+        starts.update(found)
+    entry = {"counts": {t: len(v) for t, v in per_term.items()}, "lines": len(starts), "hits": []}
+    shown = sorted(starts)[:max(budget, 0)]
+    for line in shown:
+        entry["hits"].append({"line": line, "text": line_text(src, starts[line], nl),
+                              "terms": [t for t in terms if line in per_term.get(t, ())]})
+    around = {}
+    for line in shown if context else ():
+        around.update(context_lines(src, starts[line], line, context, nl))
+    entry["context"] = sorted([n, t] for n, t in around.items() if n not in starts)
+    return entry
+
+
+def grep_files(paths, root, terms, finders, kind, max_hits, context):
+    """(entries, binary files, unreadable files) of some files, in the order given; at most max_hits
+    lines listed."""
+    entries, binary, unreadable, shown = [], 0, 0, 0
+    for path in paths:
+        data = read_text_bytes(path)
+        if data is None or data is UNREADABLE:
+            binary += data is None
+            unreadable += data is UNREADABLE
+            continue
+        entry = grep_file(data, terms, finders, kind, max_hits - shown, context)
+        if entry is not None:
+            entry["path"] = os.path.relpath(path, root)
+            shown += len(entry["hits"])
+            entries.append(entry)
+    return entries, binary, unreadable
+
+
+def trim_hits(files, budget, context):
+    """Keep the first ``budget`` listed lines by path; the counts are left whole."""
+    for entry in files:
+        if len(entry["hits"]) > budget:
+            entry["hits"] = entry["hits"][:max(budget, 0)]
+            kept = [h["line"] for h in entry["hits"]]
+            entry["context"] = [c for c in entry["context"] if any(abs(c[0] - k) <= context for k in kept)]
+        budget -= len(entry["hits"])
+
+
+def grep(params):
+    started = time.perf_counter()
+    terms = list(params.get("terms") or [])
+    finders, kind = compile_terms(terms, bool(params.get("regex")), bool(params.get("ignore_case")))
+    root, pkg_dir, base = search_base(params)
+    max_hits = max(int(params.get("max_hits", 200)), 0)
+    context = max(int(params.get("context") or 0), 0)
+    paths = sorted(list_files(base))  # sorted first, so the listed hits are the first ones by path
+
+    def work(part):
+        return grep_files(part, root, terms, finders, kind, max_hits, context)
+
+    parts = fan_out(work, paths, worker_count(params, len(paths)))
+    files = sorted([e for p in parts for e in p[0]], key=lambda e: e["path"])
+    trim_hits(files, max_hits, context)
+    binary, unreadable = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    counts = dict((t, sum(e["counts"].get(t, 0) for e in files)) for t in terms)
+    matched = sum(e["lines"] for e in files)
+    shown = sum(len(e["hits"]) for e in files)
+    answer = answer_base(root, pkg_dir, base)
+    answer.update({
+        "searched_files": len(paths) - binary - unreadable, "binary_files": binary,
+        "unreadable_files": unreadable, "files": files, "counts": counts,
+        "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": len(parts),
+        "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+    })
+    return answer
+
+
+# -- in parallel -----------------------------------------------------------------------------
+
+MAX_WORKERS = 8  # a GPU host's CPUs belong to its inference server: a probe takes a few, briefly
+FILES_PER_WORKER = 300  # below this a forked worker costs more than it saves
+
+
+def worker_count(params, files):
+    """params["workers"] when given, else one per usable CPU (as rg), bounded by the amount of work."""
+    if params.get("workers"):
+        return max(int(params["workers"]), 1)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, files // FILES_PER_WORKER))
+
+
+def fan_out(work, items, workers):
+    """[work(slice) for each of ``workers`` interleaved slices of items], all but one in forked children.
+
+    Searching is CPU-bound Python (bytes.find and ast hold the GIL), so threads would not help;
+    fork shares the compiled matchers without pickling. Without fork: one slice, in-process.
+    """
+    if workers <= 1 or len(items) < 2 or not hasattr(os, "fork"):
+        return [work(items)]
+    children, results = [], []
+    try:
+        for i in range(1, workers):
+            try:
+                children.append(fork_worker(work, items[i::workers]))
+            except OSError:  # no more processes: do this slice here
+                results.append(work(items[i::workers]))
+        results.append(work(items[::workers]))  # this process takes the first slice meanwhile
+    finally:
+        answers = [collect_worker(pid, fd) for pid, fd in children]  # every child reaped, come what may
+    for status, value in answers:
+        if status != "ok":
+            raise RuntimeError("a search worker failed: %s" % value)
+        results.append(value)
+    return results
+
+
+def fork_worker(work, part):
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_fd)
+        return pid, read_fd
+    code = 0  # the child: answer through the pipe, then leave without running any cleanup of the parent's
+    try:
+        os.close(read_fd)
+        blob = marshal.dumps(("ok", work(part)))
+    except BaseException as exc:
+        blob, code = marshal.dumps(("error", "%s: %s" % (type(exc).__name__, exc))), 1
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(write_fd, view):]
+    finally:
+        os._exit(code)
+
+
+def collect_worker(pid, fd):
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    try:
+        return marshal.loads(b"".join(chunks))
+    except (EOFError, ValueError, TypeError):
+        return "error", "pid %d died without an answer" % pid
+
+
+# -- symbol ----------------------------------------------------------------------------------
+
+ENUM_BASES = ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag")
+
+
+def dotted(node):
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def assigned_names(target):
+    if isinstance(target, ast.Name):
+        return [target]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in assigned_names(elt)]
+    if isinstance(target, ast.Starred):
+        return assigned_names(target.value)
+    return []
+
+
+class SymbolFinder(ast.NodeVisitor):
+    """Definitions of NAME (or Class.member) apart from references to it, with their scope."""
+
+    def __init__(self, name):
+        self.parts = name.split(".")
+        self.name = self.parts[-1]
+        self.qual = self.parts[:-1]
+        self.scope = []  # [(kind, name, is_enum)], kind "class" | "def"
+        self.calls = set()  # id() of nodes that are called: their references are "call"
+        self.found = []  # (role, node, kind, scope)
+
+    def where(self):
+        return ".".join(s[1] for s in self.scope)
+
+    def in_qualifier(self):
+        """Whether the innermost scopes are the classes named by the qualifier (Class of Class.x)."""
+        if not self.qual:
+            return True
+        tail = self.scope[-len(self.qual):]
+        return len(tail) == len(self.qual) and all(s[0] == "class" and s[1] == q for s, q in zip(tail, self.qual))
+
+    def add(self, role, node, kind):
+        self.found.append((role, node, kind, self.where()))
+
+    def visit_ClassDef(self, node):
+        if node.name == self.name and self.in_qualifier():
+            self.add("definition", node, "class")
+        enum = any((dotted(b) or "").split(".")[-1] in ENUM_BASES for b in node.bases)
+        self.scope.append(("class", node.name, enum))
+        self.generic_visit(node)
+        self.scope.pop()
+
+    def visit_FunctionDef(self, node, kind="function"):
+        if node.name == self.name and self.in_qualifier():
+            in_class = bool(self.scope) and self.scope[-1][0] == "class"
+            self.add("definition", node, ("async " if kind == "async" else "") + ("method" if in_class else "function"))
+        self.scope.append(("def", node.name, False))
+        self.generic_visit(node)
+        self.scope.pop()
+
+    def visit_AsyncFunctionDef(self, node):
+        self.visit_FunctionDef(node, "async")
+
+    def assignment(self, node, targets, kind):
+        in_def = any(s[0] == "def" for s in self.scope)  # locals are not symbols
+        if not in_def and self.in_qualifier():
+            for target in targets:
+                for name in assigned_names(target):
+                    if name.id == self.name:
+                        enum = bool(self.scope) and self.scope[-1][2]
+                        self.add("definition", name, "enum member" if enum else kind)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node):
+        self.assignment(node, node.targets, "assignment")
+
+    def visit_AnnAssign(self, node):
+        self.assignment(node, [node.target], "annotated assignment")
+
+    def visit_Call(self, node):
+        self.calls.add(id(node.func))
+        self.generic_visit(node)
+
+    def visit_Name(self, node):
+        # A bare name is the member itself only inside its class's own body (Class.member).
+        bare_ok = not self.qual or (self.scope and self.scope[-1][0] == "class" and self.in_qualifier())
+        if bare_ok and node.id == self.name and isinstance(node.ctx, ast.Load):
+            self.add("reference", node, "call" if id(node) in self.calls else "name")
+
+    def visit_Attribute(self, node):
+        if node.attr == self.name and self.attribute_matches(node):
+            kind = "call" if id(node) in self.calls else "attribute"
+            self.add("reference", node, kind if isinstance(node.ctx, ast.Load) else "attribute store")
+        self.generic_visit(node)
+
+    def attribute_matches(self, node):
+        if not self.qual:
+            return True
+        text = dotted(node)
+        if text is not None and (text == ".".join(self.parts) or text.endswith("." + ".".join(self.parts))):
+            return True
+        # self.member / cls.member inside a method of the class itself
+        return (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                and any(s[0] == "class" and s[1] == self.qual[-1] for s in self.scope))
+
+    def visit_ImportFrom(self, node):
+        self.imports(node, node.names)
+
+    def visit_Import(self, node):
+        self.imports(node, node.names)
+
+    def imports(self, node, names):
+        if self.qual:
+            return
+        for alias in names:
+            if alias.name.split(".")[-1] == self.name:
+                self.add("reference", node, "import")
+            elif alias.asname == self.name:  # binds the name, but defines nothing
+                self.add("reference", node, "import alias")
+
+
+def symbol_file(data, rel, name):
+    """(definitions, references) of one file; raises what ast raises on a bad file."""
+    tree = ast.parse(data, filename=rel)
+    finder = SymbolFinder(name)
+    finder.visit(tree)
+    lines = data.split(b"\n")
+    out = ([], [])
+    for role, node, kind, scope in finder.found:
+        lineno = getattr(node, "lineno", 0)
+        text = lines[lineno - 1].decode("utf-8", "replace").rstrip("\r").strip() if 0 < lineno <= len(lines) else ""
+        item = {"path": rel, "line": lineno, "kind": kind, "scope": scope, "text": text[:MAX_LINE]}
+        out[0 if role == "definition" else 1].append(item)
+    return out
+
+
+def symbol_files(paths, root, name):
+    """(definitions, references, unparsable, candidates) of some files."""
+    # A file can only matter if every part of the name is in it (a definition sits in its class).
+    needles = [p.encode("utf-8") for p in name.split(".")]
+    defs, refs, unparsable, candidates = [], [], [], 0
+    for path in paths:
+        data = read_text_bytes(path)
+        if not data or not all(n in data for n in needles):  # binary, unreadable or empty
+            continue
+        candidates += 1
+        rel = os.path.relpath(path, root)
+        try:
+            found = symbol_file(data, rel, name)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            unparsable.append({"path": rel, "error": describe_parse_error(exc)})
+            continue
+        defs += found[0]
+        refs += found[1]
+    return defs, refs, unparsable, candidates
+
+
+def symbol(params):
+    started = time.perf_counter()
+    name = (params.get("name") or "").strip()
+    if not name or not all(p.isidentifier() for p in name.split(".")):
+        raise ProbeInputError("bad symbol name %r: expected NAME or Class.member" % (name,))
+    root, pkg_dir, base = search_base(params)
+    paths = sorted(list_files(base, PY_SUFFIXES))
+    parts = fan_out(lambda part: symbol_files(part, root, name), paths, worker_count(params, len(paths)))
+    answer = answer_base(root, pkg_dir, base)
+    answer.update({
+        "name": name, "searched_files": len(paths), "candidate_files": sum(p[3] for p in parts),
+        "definitions": sorted([d for p in parts for d in p[0]], key=by_place),
+        "references": sorted([r for p in parts for r in p[1]], key=by_place),
+        "unparsable": sorted([u for p in parts for u in p[2]], key=lambda e: e["path"]),
+        "workers": len(parts), "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+    })
+    return answer
+
+
+def by_place(entry):
+    return entry["path"], entry["line"]
+
+
+def describe_parse_error(exc):
+    if isinstance(exc, SyntaxError):
+        return "%s: %s (line %s)" % (type(exc).__name__, exc.msg, exc.lineno)
+    return "%s: %s" % (type(exc).__name__, exc)
