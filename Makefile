@@ -15,6 +15,8 @@ help:
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	# Bytecode up front: with PYTHONDONTWRITEBYTECODE set, every run would recompile fleetctl.
+	$(BIN)/python -m compileall -q fleetctl $(VENV)/lib >/dev/null || true
 	rm -f $(VENV)/.installed-* && touch $@
 
 deps: $(STAMP) sshd

@@ -202,6 +202,8 @@ class AgentClient:
         source, digest = module_source(module)
         with self._lock:
             self._ensure_started()
+            if python is not None and self.info is not None and python == self.info.python:
+                python = None  # the agent already runs that interpreter: no child needed
             msg: dict[str, Any] = {
                 "op": "call", "module": module, "hash": digest, "params": params or {},
                 "python": python, "timeout": timeout,
