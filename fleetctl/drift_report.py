@@ -70,7 +70,7 @@ def to_json(report: DriftReport, show_all: bool = False) -> dict[str, Any]:
         },
         "hosts": {
             **{h: {"status": "ok", "venv": inv.venv, "python": inv.python, "stack": inv.stack,
-                   "files": {k: (inv.files or {}).get(k) for k in ("checked", "cache_hits", "cache_misses")}
+                   "files": {k: (inv.files or {}).get(k) for k in ("checked", "cache_hits", "cache_misses", "seconds")}
                    if inv.files else None,
                    "findings": [f.to_dict() for f in report.findings[h]]} for h, inv in report.inventories.items()},
             **{h: {"status": r.status.value, "reason": r.reason} for h, r in report.failed.items()},
