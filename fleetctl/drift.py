@@ -38,9 +38,10 @@ class Kind(StrEnum):
     FOREIGN_SHEBANG = "foreign-shebang"
     STACK = "stack"  # interpreter, ABI, driver, CUDA differ from the baseline
     PATCHED = "patched"  # changed by a fleetctl release, as recorded: information, not drift
+    OVERLAY = "overlay"  # brought in by `fleetctl venv overlay` (its origin): information, not drift
 
 
-INFO_KINDS = frozenset({Kind.PATCHED})
+INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY})
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Dist:
     installer: str | None
     origin: str | None  # editable / vcs / local / url (PEP 610), None for an index install
     requires: tuple[str, ...]
+    overlay: str | None = None  # "overlay from HOST:VENV at TIME" when `venv overlay` brought it
 
 
 @dataclass
@@ -110,13 +112,19 @@ def parse_inventory(host: str, venv: str | None, raw: Mapping[str, Any], gpu: Gp
     for d in raw.get("dists", []):
         origin = (d.get("direct_url") or {}).get("kind")
         dist = Dist(d["name"], d.get("version") or "?", d["dist_info"], d.get("installer"), origin,
-                    tuple(d.get("requires") or ()))
+                    tuple(d.get("requires") or ()), _overlay_text(d.get("overlay")))
         dists.setdefault(canonicalize_name(d["name"]), []).append(dist)
     stack = {
         "python": raw.get("version"), "abi": raw.get("soabi"), "platform": raw.get("platform"),
         "nvidia-driver": gpu.driver_version, "cuda (driver)": gpu.cuda_version, "torch cuda": raw.get("torch_cuda"),
     }
     return HostInventory(host, venv, raw.get("python", "?"), stack, raw.get("markers") or {}, dists, raw.get("files"))
+
+
+def _overlay_text(raw: Mapping[str, Any] | None) -> str | None:
+    if not raw:
+        return None
+    return f"overlay from {raw.get('source_host')}:{raw.get('source_venv')} at {raw.get('time')}"
 
 
 # --- baselines ---------------------------------------------------------------------------------
@@ -176,7 +184,14 @@ def host_findings(inv: HostInventory, base: Baseline, packages: Iterable[str] | 
     out += [f for f in unsatisfied_findings(inv) if selected(f.package or "", pats)]
     out += stack_findings(inv, base) if base.host != inv.host else []
     out += [f for f in file_findings(inv) if selected(f.package or "", pats)]
+    out += [f for f in overlay_findings(inv) if selected(f.package or "", pats)]
     return out
+
+
+def overlay_findings(inv: HostInventory) -> list[Finding]:
+    """Where a distribution came from, when an overlay brought it: information, not drift."""
+    return [Finding(inv.host, Kind.OVERLAY, name, None, d.version, f"{name} {d.version}: {d.overlay}")
+            for name, dists in sorted(inv.dists.items()) for d in dists if d.overlay]
 
 
 def version_findings(inv: HostInventory, base: Baseline, pats: list[str]) -> list[Finding]:
@@ -284,7 +299,8 @@ class DriftReport:
         for kind, label in ((Kind.MODIFIED, "files modified"), (Kind.MISSING_FILE, "files missing"),
                             (Kind.ORPHAN, "orphan files"), (Kind.DUPLICATE, "duplicate dist-info"),
                             (Kind.UNSATISFIED, "unsatisfied requirements"), (Kind.STACK, "stack differences"),
-                            (Kind.FOREIGN_SHEBANG, "foreign shebangs"), (Kind.PATCHED, "files patched by releases")):
+                            (Kind.FOREIGN_SHEBANG, "foreign shebangs"), (Kind.PATCHED, "files patched by releases"),
+                            (Kind.OVERLAY, "packages from overlays")):
             if n := self.count(kind):
                 parts.append(f"{n} {label}")
         line = f"{len(self.drifting_hosts)} of {total} hosts drift: " + ", ".join(parts)

@@ -1,0 +1,278 @@
+# fleetctl-include: relocate
+# The source side of `fleetctl venv overlay`, run by the source venv's own python.
+#
+# Stdlib only, Python >= 3.8. Two entry points:
+#   main({"action": "list", "packages": [glob], "target_prefix": str, "files_for": [name]|None})
+#     (an agent call): the selected distributions with a tree hash over every RECORD file's
+#     sha256 as it would land on the target (text files naming this venv's prefix are relocated
+#     to target_prefix first), the WHEEL tags and compiled-extension tags for the ABI check, and
+#     for the distributions in files_for (all when None) the per-file list, zlib+base64 packed.
+#   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON
+#     {"send": [[dist_info, rel]], "target_prefix": str, "level": int} from stdin and writes MAGIC,
+#     then a zlib-compressed tar of exactly those files, as they must land, to stdout, in frames
+#     (see Compressor).
+# Paths are RECORD paths: relative to site-packages ("pkg/mod.py", "../../../bin/tool").
+# .pyc files are never listed or sent: they embed the source path, and the target recompiles.
+import email.parser
+import fnmatch
+import io
+import json
+import os
+import re
+import struct
+import sys
+import sysconfig
+import tarfile
+import zlib
+
+STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
+EXT_TAG = re.compile(r"\.((?:cpython|pypy)[-\w]*|abi3)\.(?:so|pyd)$")
+
+
+def normalize(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def interpreter():
+    return {
+        "version": ".".join(str(n) for n in sys.version_info[:3]),
+        "implementation": sys.implementation.name,
+        "soabi": sysconfig.get_config_var("SOABI"),
+        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "platform": sysconfig.get_platform(),
+        "prefix": os.path.normpath(sys.prefix),
+        "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
+    }
+
+
+def wanted(name, patterns):
+    for pat in patterns:
+        if fnmatch.fnmatch(name, pat.lower() if "*" in pat or "?" in pat else normalize(pat)):
+            return True
+    return not patterns
+
+
+def dist_infos(site):
+    out = []
+    for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
+        folder = os.path.join(site, entry)
+        if entry.endswith(".dist-info") and os.path.isdir(folder):
+            name, version = dist_name(folder, entry)
+            out.append((normalize(name), version, entry))
+    return out
+
+
+def dist_name(folder, entry):
+    try:
+        with open(os.path.join(folder, "METADATA"), "r", encoding="utf-8", errors="replace") as handle:
+            msg = email.parser.HeaderParser().parsestr(handle.read())
+        if msg.get("Name"):
+            return msg.get("Name"), msg.get("Version") or "?"
+    except (IOError, OSError):
+        pass
+    stem = entry[: -len(".dist-info")]
+    name, _, version = stem.partition("-")
+    return name, version or "?"
+
+
+def wheel_tags(folder):
+    try:
+        with open(os.path.join(folder, "WHEEL"), "r", encoding="utf-8", errors="replace") as handle:
+            return [line.split(":", 1)[1].strip() for line in handle if line.lower().startswith("tag:")]
+    except (IOError, OSError):
+        return []
+
+
+class Dist(object):
+    """One installed distribution, its files as they would land at `target_prefix`."""
+
+    def __init__(self, site, entry, prefix, target_prefix, cache=None):
+        self.site, self.entry, self.prefix, self.target = site, entry, prefix, target_prefix
+        self.folder = os.path.join(site, entry)
+        self.rows = read_record(self.folder)
+        self.regex = prefix_regex(prefix)
+        self.cache = cache
+        self.moved = {}  # rel -> (digest, size) of relocated files, so RECORD needs no second read
+
+    def skip(self, rel):
+        return rel.endswith(".pyc") or "__pycache__/" in rel or rel == self.entry + "/RECORD"
+
+    def path(self, rel):
+        path = os.path.normpath(os.path.join(self.site, rel))
+        return path if path.startswith(self.prefix + "/") else None
+
+    def content(self, rel):
+        """The bytes `rel` must have on the target, and whether they were relocated; None if absent."""
+        if rel == self.entry + "/RECORD":
+            return self.record(), False
+        path = self.path(rel)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except (IOError, OSError, TypeError):
+            return None, False
+        moved = relocate_bytes(data, self.prefix, self.target, self.regex)
+        if moved is None:
+            self.moved[rel] = None
+            return data, False
+        self.moved[rel] = (record_hash(moved), str(len(moved)))
+        return moved, True
+
+    def digest(self, rel):
+        """(urlsafe sha256, size, relocated) of what `rel` becomes on the target; None if absent.
+        An unchanged file that names no prefix is answered from the cache without reading it."""
+        try:
+            st = os.stat(self.path(rel))
+        except (OSError, TypeError):
+            return None
+        hit = self.cache.lookup(self.path(rel), st) if self.cache else None
+        if hit and hit[1] is False:  # None: hashed as a target, never checked for the prefix
+            self.moved[rel] = None
+            return hit[0], st.st_size, False
+        data, moved = self.content(rel)
+        if data is None:
+            return None
+        if self.cache and not moved and not hit:
+            names = is_text(data) and bool(self.regex.search(data))  # kept whatever the target path
+            self.cache.store(self.path(rel), st, record_hash(data)[7:], names)
+        return record_hash(data)[7:], len(data), moved
+
+    def record(self):
+        """RECORD as the target gets it: no .pyc rows, relocated files rehashed."""
+        rows = []
+        for rel, digest, size in self.rows:
+            if rel.endswith(".pyc") or "__pycache__/" in rel:
+                continue
+            key = os.path.normpath(rel)
+            if digest and not self.skip(key):
+                if key not in self.moved:
+                    self.digest(key)
+                digest, size = self.moved.get(key) or (digest, size)
+            rows.append([rel, digest, size])
+        return format_record(rows)
+
+    def mode(self, rel):
+        if rel == self.entry + "/RECORD":
+            return 0o644, None
+        st = os.stat(self.path(rel))
+        return st.st_mode & 0o7777, st.st_mtime
+
+
+def describe(dist, name, version):
+    files, missing, outside, extensions = [], [], [], {}
+    for rel, _digest, _size in dist.rows:
+        rel = os.path.normpath(rel)
+        if dist.skip(rel):
+            continue
+        if dist.path(rel) is None:
+            outside.append(rel)
+            continue
+        found = dist.digest(rel)
+        if found is None:
+            missing.append(rel)
+            continue
+        files.append([rel, found[0], found[1], found[2]])
+        tag = EXT_TAG.search(rel)
+        if tag or rel.endswith((".so", ".pyd")) and "/" in rel:
+            extensions.setdefault(tag.group(1) if tag else "", rel)
+    record = dist.record()
+    files.append([dist.entry + "/RECORD", record_hash(record)[7:], len(record), False])
+    return {"name": name, "version": version, "dist_info": dist.entry, "tags": wheel_tags(dist.folder),
+            "extensions": sorted([tag, rel] for tag, rel in extensions.items()), "files": files,
+            "missing": missing, "outside": outside, "tree": tree_hash((f[0], f[1]) for f in files),
+            "count": len(files), "bytes": sum(f[2] for f in files)}
+
+
+def main(params):
+    params = params or {}
+    if params.get("action", "list") != "list":
+        raise ValueError("unknown action %r" % params.get("action"))
+    info = interpreter()
+    target = (params.get("target_prefix") or info["prefix"]).rstrip("/")
+    patterns = params.get("packages") or []
+    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    dists = []
+    for name, version, entry in dist_infos(info["site"]):
+        if wanted(name, patterns):
+            dist = Dist(info["site"], entry, info["prefix"], target, cache)
+            dists.append(describe(dist, name, version))
+    cache.save()
+    detail = params.get("files_for")  # names whose file lists the controller needs; None: all
+    for dist in dists:
+        files = dist.pop("files")
+        if detail is None or dist["name"] in detail:
+            dist["files_z"] = pack_json({"files": files, "missing": dist["missing"]})
+        dist.pop("missing")
+    return {"schema": 1, "interpreter": info, "dists": dists}
+
+
+class Compressor(object):
+    """A write-only file object: zlib-compresses what tarfile writes and sends it on `out` in
+    frames (4-byte length + bytes); a zero-length frame closes a stream that ended well, so the
+    controller can tell a finished source from one that died."""
+
+    FRAME = 1 << 18
+
+    def __init__(self, out, level):
+        self.out, self.z, self.raw, self.pending = out, zlib.compressobj(level), 0, []
+        self.size = 0
+
+    def write(self, data):
+        self.raw += len(data)
+        packed = self.z.compress(data)
+        if packed:
+            self.pending.append(packed)
+            self.size += len(packed)
+            if self.size >= self.FRAME:
+                self.emit()
+        return len(data)
+
+    def emit(self):
+        data = b"".join(self.pending)
+        self.pending, self.size = [], 0
+        if data:
+            self.out.write(struct.pack(">I", len(data)) + data)
+
+    def close(self):
+        self.pending.append(self.z.flush())
+        self.emit()
+        self.out.write(struct.pack(">I", 0))
+        self.out.flush()
+
+
+def read_params(inp):
+    header = inp.read(4)
+    size = struct.unpack(">I", header)[0]
+    return json.loads(inp.read(size).decode("utf-8"))
+
+
+def stream_main():
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    params = read_params(inp)
+    info = interpreter()
+    dists = {}
+    out.write(STREAM_MAGIC)
+    sink = Compressor(out, int(params.get("level", 1)))
+    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT)
+    for entry, rel in params["send"]:
+        if entry not in dists:
+            dists[entry] = Dist(info["site"], entry, info["prefix"], params["target_prefix"].rstrip("/"))
+        dist = dists[entry]
+        data, _moved = dist.content(rel)
+        if data is None:
+            raise IOError("%s vanished from the source while sending" % rel)
+        item = tarfile.TarInfo(rel)
+        item.size = len(data)
+        item.mode, mtime = dist.mode(rel)
+        item.mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
+        tar.addfile(item, io.BytesIO(data))
+    tar.close()
+    sink.close()
+
+
+if __name__ == "__main__":
+    try:
+        stream_main()
+    except BaseException as exc:  # the controller reads the reason from stderr
+        sys.stderr.write("overlay_source: %s: %s\n" % (type(exc).__name__, exc))
+        sys.exit(1)

@@ -1,0 +1,351 @@
+# fleetctl-include: relocate
+# The target side of `fleetctl venv overlay`, run by the target venv's own python.
+#
+# Stdlib only, Python >= 3.8. Two entry points:
+#   main({"action": "list", "names": [dist], "trees": {name: [dist_info, tree]}}) (an agent call,
+#     read-only): this interpreter, every dist-info of those distributions, whether it matches
+#     the source's tree hash, and the RECORD paths of those that do not (zlib+base64 packed).
+#   main({"action": "hashes", "paths_z": packed [rel]}): the sha256 of each path that exists.
+#   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON plan
+#     from stdin, then the zlib-compressed tar the source streams, and applies it in an order
+#     that a dropped connection cannot turn into a hybrid (see apply()). Prints one delimited
+#     JSON answer on stdout.
+import email.parser
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import sysconfig
+import tarfile
+import time
+import zlib
+
+BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
+END = "@@FLEETCTL-JSON-END@@"
+STATE_DIR = "/var/lib/fleetctl/overlays"
+PYC_TAG = re.compile(r"^[a-z]+-\d+(\.opt-\d+)?\.pyc$")  # "cpython-311.pyc", "cpython-311.opt-1.pyc"
+
+
+def normalize(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def interpreter():
+    return {
+        "version": ".".join(str(n) for n in sys.version_info[:3]),
+        "implementation": sys.implementation.name,
+        "soabi": sysconfig.get_config_var("SOABI"),
+        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "platform": sysconfig.get_platform(),
+        "prefix": os.path.normpath(sys.prefix),
+        "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
+    }
+
+
+def dist_name(folder, entry):
+    try:
+        with open(os.path.join(folder, "METADATA"), "r", encoding="utf-8", errors="replace") as handle:
+            msg = email.parser.HeaderParser().parsestr(handle.read())
+        if msg.get("Name"):
+            return msg.get("Name"), msg.get("Version") or "?"
+    except (IOError, OSError):
+        pass
+    name, _, version = entry[: -len(".dist-info")].partition("-")  # a half-removed dist-info
+    return name, version or "?"
+
+
+def listing(params):
+    """Each dist-info of `names`; `match` when it is the source's dist-info and the tree hash over
+    the files its RECORD lists equals the source's (then its file list is left out)."""
+    info = interpreter()
+    site, names, trees = info["site"], set(params.get("names") or []), params.get("trees") or {}
+    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    dists = {}
+    for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
+        folder = os.path.join(site, entry)
+        if not (entry.endswith(".dist-info") and os.path.isdir(folder)):
+            continue
+        name, version = dist_name(folder, entry)
+        if normalize(name) not in names:
+            continue
+        rows = [os.path.normpath(row[0]) for row in read_record(folder) if not row[0].endswith(".pyc")]
+        want = trees.get(normalize(name))
+        item = {"version": version, "dist_info": entry,
+                "match": bool(want and want[0] == entry and tree_of(site, entry, rows, cache) == want[1])}
+        if not item["match"]:
+            item["files_z"] = pack_json(rows)
+        dists.setdefault(normalize(name), []).append(item)
+    cache.save()
+    return {"schema": 1, "interpreter": info, "dists": dists,
+            "inflight": os.path.exists(journal_path(info["prefix"], params.get("state_dir")))}
+
+
+def tree_of(site, entry, rows, cache):
+    entries = []
+    for rel in rows:
+        if "__pycache__/" in rel or rel == entry + "/RECORD":
+            continue
+        digest = cached_hash(cache, os.path.join(site, rel))
+        if digest is None:
+            return None
+        entries.append((rel, digest))
+    entries.append((entry + "/RECORD", cached_hash(cache, os.path.join(site, entry, "RECORD"))))
+    return tree_hash(entries)
+
+
+def hashes(params):
+    """sha256 of each RECORD path in `paths_z` (None when absent), packed."""
+    info = interpreter()
+    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    out = {}
+    for rel in unpack_json(params.get("paths_z")) or []:
+        out[rel] = cached_hash(cache, os.path.normpath(os.path.join(info["site"], rel)))
+    cache.save()
+    return {"hashes_z": pack_json(out)}
+
+
+def cached_hash(cache, path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not os.path.isfile(path):
+        return None
+    hit = cache.lookup(path, st)
+    if hit:
+        return hit[0]
+    digest = file_hash(path)[7:]
+    cache.store(path, st, digest, None)
+    return digest
+
+
+def main(params):
+    params = params or {}
+    if params.get("action", "list") == "list":
+        return listing(params)
+    if params.get("action") == "hashes":
+        return hashes(params)
+    raise ValueError("unknown action %r" % params.get("action"))
+
+
+def journal_path(prefix, state_dir=None):
+    key = hashlib.sha256(prefix.encode("utf-8")).hexdigest()[:16]
+    return os.path.join(state_dir or STATE_DIR, "inflight-%s.json" % key)
+
+
+class Decompressor(object):
+    """A read-only file object over stdin: what tarfile reads, zlib-decompressed."""
+
+    def __init__(self, fd):
+        self.fd, self.z, self.buf, self.bytes_in = fd, zlib.decompressobj(), bytearray(), 0
+
+    def fill(self):
+        chunk = os.read(self.fd, 1 << 18)
+        if not chunk:
+            raise EOFError("the stream from the source ended early (connection dropped?)")
+        self.bytes_in += len(chunk)
+        self.buf += self.z.decompress(chunk)
+
+    def read(self, size=-1):
+        while (size < 0 or len(self.buf) < size) and not self.z.eof:
+            self.fill()
+        size = len(self.buf) if size < 0 else size
+        out = bytes(self.buf[:size])
+        del self.buf[:size]  # deleting from the front of a bytearray is O(1) in CPython
+        return out
+
+    def finish(self):
+        while not self.z.eof:
+            self.fill()
+
+
+class Applier(object):
+    """Applies one plan in a crash-safe order; every step can be redone by a re-run."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.info = interpreter()
+        self.site, self.prefix = self.info["site"], self.info["prefix"]
+        self.journal = journal_path(self.prefix, plan.get("state_dir"))
+        self.written, self.removed, self.meta = 0, 0, []
+
+    def path(self, rel, strict=True):
+        path = os.path.normpath(os.path.join(self.site, rel))
+        if not path.startswith(self.prefix + "/"):
+            if not strict:
+                return None
+            raise ValueError("refusing %r: it would land outside %s" % (rel, self.prefix))
+        return path
+
+    def begin(self):
+        """Clear what an interrupted run left (temp files, a renamed dist-info), note this run's."""
+        self.clear_leftovers()
+        temps = [temp_name(self.path(rel)) for rel in self.plan["expect"]]
+        temps += [temp_name(os.path.join(self.site, d)) for d in self.plan["remove_dist_infos"]]
+        os.makedirs(os.path.dirname(self.journal), exist_ok=True)
+        atomic_write(self.journal, json.dumps({"temps": temps}).encode("utf-8"))
+
+    def clear_leftovers(self):
+        try:
+            with open(self.journal, "r") as handle:
+                temps = json.load(handle).get("temps", [])
+        except (IOError, OSError, ValueError):
+            return
+        for temp in temps:
+            if os.path.isdir(temp) and not os.path.islink(temp):
+                shutil.rmtree(temp, ignore_errors=True)
+            elif os.path.lexists(temp):
+                os.unlink(temp)
+
+    def land(self, member, data):
+        rel = os.path.normpath(member.name)
+        path = self.path(rel)
+        if rel.split("/", 1)[0].endswith(".dist-info"):
+            self.meta.append((rel, path, data, member.mode, member.mtime))  # written last, see apply()
+            return
+        atomic_write(path, data, member.mode, member.mtime)
+        drop_bytecode(path)
+        self.written += 1
+        if self.plan.get("throttle_s"):
+            time.sleep(float(self.plan["throttle_s"]))
+
+    def remove_old_files(self):
+        folders = set()
+        for rel in self.plan["remove"]:
+            path = self.path(rel, strict=False)
+            if path is None:  # an old RECORD row pointing outside the venv: not ours to delete
+                continue
+            if os.path.lexists(path) and not os.path.isdir(path):
+                os.unlink(path)
+                self.removed += 1
+            drop_bytecode(path)
+            folders.add(os.path.dirname(path))
+        prune_empty(folders, self.site)
+
+    def replace_dist_info(self):
+        """Old dist-info folders go (renamed away first, so none is ever half there), then the
+        new one is written, RECORD last: a re-run that finds it missing or partial redoes it."""
+        keep = self.plan.get("new_dist_infos") or {}  # new dist-info -> every file its RECORD lists
+        for entry in self.plan["remove_dist_infos"]:
+            folder = os.path.join(self.site, entry)
+            if entry in keep:  # the same folder stays: only files the new RECORD does not list go
+                listed = set(keep[entry])
+                for name in os.listdir(folder) if os.path.isdir(folder) else []:
+                    if entry + "/" + name not in listed and os.path.isfile(os.path.join(folder, name)):
+                        os.unlink(os.path.join(folder, name))
+                continue
+            if os.path.isdir(folder):
+                os.rename(folder, temp_name(folder))
+                shutil.rmtree(temp_name(folder))
+        self.meta.sort(key=lambda item: (item[0].split("/", 1)[0], item[0].endswith("/RECORD"), item[0]))
+        for _rel, path, data, mode, mtime in self.meta:
+            atomic_write(path, data, mode, mtime)
+            self.written += 1
+
+
+def drop_bytecode(path):
+    """A replaced or removed module's cached bytecode goes with it (as pip's uninstall does)."""
+    if not path.endswith(".py"):
+        return
+    cache = os.path.join(os.path.dirname(path), "__pycache__")
+    stem = os.path.basename(path)[:-3] + "."
+    for name in os.listdir(cache) if os.path.isdir(cache) else []:
+        if name.startswith(stem) and PYC_TAG.match(name[len(stem):]):
+            os.unlink(os.path.join(cache, name))
+
+
+def prune_empty(folders, site):
+    """Remove folders left empty (and their empty __pycache__), deepest first, never site itself."""
+    for folder in sorted(folders, key=len, reverse=True):
+        while folder.startswith(site + "/"):
+            cache = os.path.join(folder, "__pycache__")
+            if os.path.isdir(cache) and not os.listdir(cache):
+                os.rmdir(cache)
+            if not os.path.isdir(folder) or os.listdir(folder):
+                break
+            os.rmdir(folder)
+            folder = os.path.dirname(folder)
+
+
+def write_manifest(plan, applier):
+    """The overlay manifest, and this venv's origins index that `fleetctl drift` reads."""
+    manifest = dict(plan["manifest"])
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for dist in manifest["dists"]:
+        record = os.path.join(applier.site, dist["dist_info"], "RECORD")
+        with open(record, "rb") as handle:
+            dist["record_sha256"] = hashlib.sha256(handle.read()).hexdigest()
+    state = plan.get("state_dir") or STATE_DIR
+    name = "%s-%s-%s.json" % (stamp, re.sub(r"[^A-Za-z0-9_.-]", "_", manifest["source_host"]), os.getpid())
+    path = os.path.join(state, name)
+    atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+    index_path = os.path.join(state, "origins-%s.json" % hashlib.sha256(applier.prefix.encode()).hexdigest()[:16])
+    try:
+        with open(index_path, "r") as handle:
+            index = json.load(handle)
+    except (IOError, OSError, ValueError):
+        index = {"venv": applier.prefix, "dists": {}}
+    for dist in manifest["dists"]:
+        index["dists"][dist["name"]] = {
+            "source_host": manifest["source_host"], "source_venv": manifest["source_venv"],
+            "time": manifest["time"], "version": dist["version"], "dist_info": dist["dist_info"],
+            "record_sha256": dist["record_sha256"], "manifest": path}
+    atomic_write(index_path, json.dumps(index, indent=1, sort_keys=True).encode("utf-8"))
+    return path
+
+
+def apply(plan, fd):
+    """1. note temp names in a journal; 2. new files land (temp + rename) as the stream brings
+    them; 3. old files the new RECORD no longer lists are removed; 4. old dist-info removed, new
+    dist-info written, RECORD last; 5. manifest; 6. journal removed."""
+    started = time.time()
+    applier = Applier(plan)
+    applier.begin()
+    source = Decompressor(fd)
+    received = set()
+    with tarfile.open(fileobj=source, mode="r|") as tar:
+        for member in tar:
+            if member.isfile():
+                applier.land(member, tar.extractfile(member).read())
+                received.add(os.path.normpath(member.name))
+    source.finish()
+    missing = sorted(set(os.path.normpath(r) for r in plan["expect"]) - received)
+    if missing:
+        raise IOError("the stream lacked %d files, e.g. %s" % (len(missing), missing[0]))
+    applier.remove_old_files()
+    applier.replace_dist_info()
+    manifest = write_manifest(plan, applier)
+    os.unlink(applier.journal)
+    return {"written": applier.written, "removed": applier.removed, "bytes_in": source.bytes_in,
+            "seconds": round(time.time() - started, 3), "manifest": manifest}
+
+
+def stream_main():
+    fd = sys.stdin.fileno()
+    header = b""
+    while len(header) < 4:
+        chunk = os.read(fd, 4 - len(header))
+        if not chunk:
+            raise EOFError("no plan received")
+        header += chunk
+    size = struct.unpack(">I", header)[0]
+    body = b""
+    while len(body) < size:
+        chunk = os.read(fd, min(1 << 20, size - len(body)))
+        if not chunk:
+            raise EOFError("the plan was cut short")
+        body += chunk
+    try:
+        answer = {"ok": True, "result": apply(json.loads(body.decode("utf-8")), fd)}
+    except Exception as exc:
+        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN, json.dumps(answer), END))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    stream_main()

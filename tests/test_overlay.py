@@ -1,0 +1,135 @@
+"""Overlay planning (pure) and the host-side relocation helpers, without any host."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import overlay as core
+from fleetctl.transport.agent import module_source
+
+PY311 = core.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site")
+
+
+def remote(module: str) -> dict[str, Any]:
+    ns: dict[str, Any] = {"__name__": "fleetctl_remote_test"}
+    exec(compile(module_source(module)[0], module, "exec"), ns)  # noqa: S102 - our own host-side code
+    return ns
+
+
+def sha(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("module", ["relocate", "overlay_source", "overlay_target", "venv_create", "distributions"])
+def test_remote_modules_are_python38(module: str) -> None:
+    ast.parse(module_source(module)[0], feature_version=(3, 8))
+
+
+@pytest.mark.parametrize(("tag", "fits"), [
+    ("py3-none-any", True), ("py2.py3-none-any", True), ("cp311-cp311-manylinux_2_17_x86_64", True),
+    ("cp38-abi3-manylinux2014_x86_64", True), ("cp312-cp312-manylinux_2_17_x86_64", False),
+    ("cp311-cp311-manylinux_2_17_aarch64", False), ("cp311-cp311-macosx_11_0_x86_64", False),
+    ("cp312-abi3-manylinux2014_x86_64", False), ("py312-none-any", False),
+])
+def test_wheel_tags_against_the_target_interpreter(tag: str, fits: bool) -> None:
+    assert core.tag_fits(tag, PY311) is fits
+
+
+def _dist(name: str = "pyyaml", tags: tuple[str, ...] = (), ext: tuple[tuple[str, str], ...] = (),
+          files: tuple[core.SourceFile, ...] = ()) -> core.SourceDist:
+    return core.SourceDist(name, "6.0.2", f"{name}-6.0.2.dist-info", tags, ext, files)
+
+
+def test_a_cp312_extension_is_refused_with_every_reason() -> None:
+    bad = _dist(tags=("cp312-cp312-manylinux_2_17_x86_64",),
+                ext=(("cpython-312-x86_64-linux-gnu", "yaml/_yaml.cpython-312-x86_64-linux-gnu.so"),))
+    good = _dist("idna", tags=("py3-none-any",))
+    src = core.SourceListing("lab1", PY311, {"pyyaml": bad, "idna": good})
+    (refusal,) = core.refusals(src, PY311)
+    assert refusal.name == "pyyaml" and len(refusal.reasons) == 2
+    assert "yaml/_yaml.cpython-312-x86_64-linux-gnu.so is built for cpython-312" in refusal.line()
+    assert core.compat_reasons(_dist(ext=(("abi3", "x.abi3.so"),)), PY311) == []
+
+
+@pytest.mark.parametrize(("old", "new", "action"), [
+    ([], "1.0", core.Action.ADD), (["0.5.9"], "0.5.23", core.Action.UPGRADE),
+    (["0.5.23"], "0.5.9", core.Action.DOWNGRADE), (["1.0"], "1.0.0", core.Action.SAME),
+])
+def test_classify_uses_version_order(old: list[str], new: str, action: core.Action) -> None:
+    assert core.classify(old, new) is action
+
+
+def test_plan_sends_only_differing_files_and_removes_what_the_new_record_drops() -> None:
+    files = (core.SourceFile("pkg/a.py", "A2", 10), core.SourceFile("pkg/b.py", "B", 20),
+             core.SourceFile("pkg-2.0.dist-info/RECORD", "R2", 5))
+    src = core.SourceDist("pkg", "2.0", "pkg-2.0.dist-info", (), (), files)
+    old = core.InstalledDist("1.0", "pkg-1.0.dist-info", ("pkg/a.py", "pkg/b.py", "pkg/gone.py",
+                                                          "pkg-1.0.dist-info/RECORD"))
+    plan = core.plan_dist(src, (old,), {"pkg/a.py": "A1", "pkg/b.py": "B", "pkg-2.0.dist-info/RECORD": None})
+    assert plan.action is core.Action.UPGRADE and plan.old_version == "1.0"
+    assert plan.send == ("pkg/a.py", "pkg-2.0.dist-info/RECORD") and plan.unchanged == 1
+    assert plan.remove == ("pkg/gone.py",)  # the old dist-info goes whole, after the new files land
+    assert plan.remove_dist_infos == ("pkg-1.0.dist-info",) and plan.send_bytes == 15
+
+
+def test_nothing_to_change_and_stream_order() -> None:
+    files = (core.SourceFile("p-1.dist-info/RECORD", "R", 1), core.SourceFile("p-1.dist-info/METADATA", "M", 1),
+             core.SourceFile("p/x.py", "X", 1))
+    src = core.SourceListing("lab1", PY311, {"p": core.SourceDist("p", "1", "p-1.dist-info", (), (), files)})
+    same = core.TargetListing(PY311, {"p": (core.InstalledDist("1", "p-1.dist-info", tuple(f.rel for f in files)),)},
+                              {"p-1.dist-info/RECORD": "R", "p-1.dist-info/METADATA": "M", "p/x.py": "X"})
+    assert not core.plan_host("t", "/v", src, same).changes
+    fresh = core.TargetListing(PY311, {}, {})
+    plan = core.plan_host("t", "/v", src, fresh)
+    assert [rel for _info, rel in core.send_order(src, plan)] == [
+        "p/x.py", "p-1.dist-info/METADATA", "p-1.dist-info/RECORD"]
+
+
+def test_relocate_bytes_rewrites_only_whole_prefixes_in_text() -> None:
+    r = remote("relocate")
+    script = b"#!/root/src/bin/python\nimport sys\n# see /root/src2/x and '/root/src'\n"
+    assert r["relocate_bytes"](script, "/root/src", "/srv/dst") == (
+        b"#!/srv/dst/bin/python\nimport sys\n# see /root/src2/x and '/srv/dst'\n")
+    assert r["relocate_bytes"](b"\x7fELF\0/root/src/lib", "/root/src", "/srv/dst") is None
+    assert r["relocate_bytes"](b"nothing here", "/root/src", "/srv/dst") is None
+
+
+def test_relocate_venv_rewrites_scripts_and_their_record_rows(tmp_path: Path) -> None:
+    r = remote("relocate")
+    old, venv = "/old/venv", tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    info = site / "tool-1.dist-info"
+    info.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    script = venv / "bin" / "tool"
+    script.write_bytes(f"#!{old}/bin/python\nprint(1)\n".encode())
+    script.chmod(0o755)
+    (venv / "bin" / "activate").write_text(f"VIRTUAL_ENV='{old}'\n")
+    (info / "RECORD").write_text(f"../../../bin/tool,sha256={sha(script.read_bytes())},{script.stat().st_size}\n"
+                                 "tool-1.dist-info/RECORD,,\n")
+    changed = r["relocate_venv"](str(venv), old, str(venv))
+    assert sorted(os.path.basename(p) for p in changed) == ["activate", "tool"]
+    assert script.read_text().startswith(f"#!{venv}/bin/python\n") and os.access(script, os.X_OK)
+    row = (info / "RECORD").read_text().splitlines()[0]
+    assert row == f"../../../bin/tool,sha256={sha(script.read_bytes())},{script.stat().st_size}"
+    assert not list(venv.rglob("*.fleetctl-tmp"))
+
+
+def test_venv_overlay_cli_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_support import run_cli
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    a:\n      ansible_connection: local\n    b:\n      ansible_connection: local\n")
+    r = run_cli(capsys, "-i", str(inv), "venv", "overlay", "--from", "zz", "--venv", "/v")
+    assert r.rc == 3 and r.err.strip() == f"fleetctl: error: --from zz: no such host in {inv}"
+    r = run_cli(capsys, "-i", str(inv), "-l", "a", "venv", "overlay", "--from", "a", "--venv", "/v")
+    assert r.rc == 3 and "no target hosts" in r.err
+    r = run_cli(capsys, "-i", str(inv), "venv", "overlay", "--from", "a", "--venv", "/v", "--direct")
+    assert r.rc == 3 and "--direct is not supported yet" in r.err
