@@ -242,13 +242,18 @@ def test_http_expect_status_names_the_sick_host(service_inventory: str, capsys: 
 
 # -- script ---------------------------------------------------------------------------------
 
+def sglang_lab_address(inventory: str, host: str) -> str:
+    return str(yaml.safe_load(Path(inventory).read_text())["all"]["children"]["lab"]["hosts"][host]["service_host"])
+
+
 def test_example_spec_accept_len(service_inventory: str, capsys: pytest.CaptureFixture[str]) -> None:
     ports = {h: v["service_port"] for h, v in yaml.safe_load(Path(service_inventory).read_text())
              ["all"]["children"]["lab"]["hosts"].items()}
     want = {"lab1": (3.2, "/server_info"), "lab2": (2.1, "/get_server_info")}
     for host, (length, endpoint) in want.items():
         r = probe(capsys, service_inventory, "script", str(EXAMPLES / "spec_accept_len.py"),
-                  "--arg", f"port={ports[host]}", "--json", limit=host)
+                  "--arg", f"port={ports[host]}", "--arg", f"host={sglang_lab_address(service_inventory, host)}",
+                  "--json", limit=host)
         assert r.rc == 0, r.err
         doc = r.json()["hosts"][host]["value"]["json"]
         assert (doc["avg_spec_accept_length"], doc["endpoint"]) == (length, endpoint)
