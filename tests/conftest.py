@@ -21,7 +21,7 @@ from lab_support import (
 
 @pytest.fixture(scope="session")
 def lab_fleet() -> Iterator[LabHandle]:
-    """A 3-host lab (lab1..lab3 on 127.0.77.x) for the whole session; keep it pristine.
+    """A 3-host lab (lab1..lab3 on 127.N.77.x, N per checkout) for the whole session; keep it pristine.
 
     Stale state from a killed run is recovered by lab_up; hosts stopped or rekeyed through the
     handle are restored after each test (see `_restore_lab_fleet`) and at session end.
@@ -44,7 +44,7 @@ def _restore_lab_fleet(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def scratch_lab() -> Iterator[LabHandle]:
-    """A fresh 2-host lab (127.0.78.x) owned by one test, for stop/rekey/kill; purged after."""
+    """A fresh 2-host lab (127.N.78.x) owned by one test, for stop/rekey/kill; purged after."""
     why = lab_usable()
     if why:
         pytest.skip(why)

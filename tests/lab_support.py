@@ -7,6 +7,7 @@ lab's pinned known_hosts, and stop/start/rekey that can restore the host afterwa
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,10 +22,13 @@ from fleetctl.lab.state import default_lab_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SESSION_LAB_DIR = default_lab_dir("test-lab", REPO)  # outside REPO when REPO is under /root
-SESSION_LAB_BASE = "127.0.77.0"
+# A second octet per checkout: two clones testing at once (or a CI clone beside a working tree)
+# never fight over addresses; a lab started by hand stays on 127.0.1.x.
+_NET = 100 + int(hashlib.sha256(str(REPO).encode()).hexdigest(), 16) % 100
+SESSION_LAB_BASE = f"127.{_NET}.77.0"
 SESSION_LAB_HOSTS = 3
 SCRATCH_LAB_DIR = default_lab_dir("test-lab-scratch", REPO)
-SCRATCH_LAB_BASE = "127.0.78.0"
+SCRATCH_LAB_BASE = f"127.{_NET}.78.0"
 SCRATCH_LAB_HOSTS = 2
 
 

@@ -88,7 +88,7 @@ def test_unreachable_host_reported_while_others_succeed(
     doc = r.json()["hosts"]
     assert doc["lab1"]["status"] == "ok"
     assert doc["lab2"]["status"] == "unreachable"
-    assert "cannot connect to 127.0.78.2:22" in doc["lab2"]["reason"]
+    assert f"cannot connect to {scratch_lab.addresses['lab2']}:22" in doc["lab2"]["reason"]
     human = run_cli(capsys, "-i", str(scratch_lab.inventory_path), "ping")
     assert "lab2: unreachable: cannot connect" in " ".join(human.err.split())
 
@@ -100,7 +100,7 @@ def test_changed_host_key_is_refused(scratch_lab: LabHandle, capsys: pytest.Capt
     assert r.rc == 2
     doc = r.json()["hosts"]
     assert doc["lab1"]["status"] == "unreachable"
-    assert "HOST KEY CHANGED for 127.0.78.1" in doc["lab1"]["reason"]
+    assert f"HOST KEY CHANGED for {scratch_lab.addresses['lab1']}" in doc["lab1"]["reason"]
     assert str(scratch_lab.known_hosts) in doc["lab1"]["reason"]
     assert doc["lab2"]["status"] == "ok"
     # trust does not silently replace a changed key...
@@ -143,7 +143,7 @@ def test_wrong_client_key_is_refused(scratch_lab: LabHandle, tmp_path: Path,
     assert r.rc == 2
     entry = r.json()["hosts"]["lab1"]
     assert entry["status"] == "unreachable"
-    assert "authentication failed for root@127.0.78.1:22" in entry["reason"]
+    assert f"authentication failed for root@{scratch_lab.addresses['lab1']}:22" in entry["reason"]
 
 
 def test_bastion_jump_host(scratch_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,4 +157,4 @@ def test_bastion_jump_host(scratch_lab: LabHandle, capsys: pytest.CaptureFixture
     r = run_cli(capsys, *args)
     assert r.rc == 2
     assert r.json()["hosts"]["lab2"]["status"] == "unreachable"
-    assert "127.0.78.1:22" in r.json()["hosts"]["lab2"]["reason"]
+    assert f"{scratch_lab.addresses['lab1']}:22" in r.json()["hosts"]["lab2"]["reason"]

@@ -211,7 +211,8 @@ def service_inventory(fake_services: Callable[[str, list[str]], int],
     return lab_inventory({h: {"service_port": p, "venv": ML_VENV} for h, p in ports.items()})
 
 
-def test_http_fields_fallback_and_latency(service_inventory: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_http_fields_fallback_and_latency(service_inventory: str, sglang_lab: LabHandle,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     r = probe(capsys, service_inventory, "http", "/server_info", "--field", "version",
               "--field", "internal_states.0.avg_spec_accept_length", "--json")
     assert r.rc == 0, r.err
@@ -221,9 +222,9 @@ def test_http_fields_fallback_and_latency(service_inventory: str, capsys: pytest
     assert hosts["lab2"]["fields"] == {"version": "0.5.9", "internal_states.0.avg_spec_accept_length": 2.1}
     assert (hosts["lab2"]["path"], hosts["lab2"]["fell_back"]) == ("/get_server_info", True)
     assert hosts["lab3"]["missing_fields"] == ["internal_states.0.avg_spec_accept_length"]  # no speculation
-    for value in hosts.values():
+    for name, value in hosts.items():
         assert value["status"] == 200 and 0 < value["latency_ms"] < 5000
-        assert value["url"].startswith("http://127.0.77.")  # each host's own service address
+        assert value["url"].startswith(f"http://{sglang_lab.addresses[name]}:")  # each host's own address
     human = probe(capsys, service_inventory, "http", "/server_info", "--field", "version")
     assert "/get_server_info (fallback)" in human.out and "lab2: 0.5.9" in human.out
 

@@ -86,9 +86,9 @@ def test_inventory_describes_every_host(lab_fleet: LabHandle) -> None:
     hosts = doc["all"]["children"]["lab"]["hosts"]
     assert list(hosts) == lab_fleet.hosts
     assert hosts["lab2"] == {
-        "ansible_host": "127.0.77.2", "ansible_port": 22, "ansible_user": "root",
+        "ansible_host": lab_fleet.addresses["lab2"], "ansible_port": 22, "ansible_user": "root",
         "ansible_ssh_private_key_file": "id_ed25519", "ansible_python_interpreter": "/usr/bin/python3",
-        "service_host": "127.0.77.2",  # lab hosts share one network: each service on its own address
+        "service_host": lab_fleet.addresses["lab2"],  # hosts share one network: a service address each
     }
 
 

@@ -100,6 +100,7 @@ def rollback(app: AppContext, to: str | None, timeout: float) -> int:
                                              else ["", "", ""])] for n, r in results.items()]
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
         render.print_failures(results)
+        render.console().print(render.summary_line(results))
     return exit_code_for(results)
 
 
