@@ -37,7 +37,10 @@ class Host:
         return hash(self.name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "groups": list(self.groups), "vars": dict(self.vars)}
+        """For output: vars named in ``secret_vars`` are masked (``Host.vars`` keeps the values)."""
+        from fleetctl.secrets import masked
+
+        return {"name": self.name, "groups": list(self.groups), "vars": masked(self.vars)}
 
 
 @dataclass(frozen=True)

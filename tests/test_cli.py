@@ -102,3 +102,12 @@ def test_extra_vars_override(local_inventory: Path, capsys: pytest.CaptureFixtur
     host = r.json()["hosts"][0]
     assert host["vars"]["venv"] == "/opt/x"
     assert host["vars"]["service_port"] == 31000
+
+
+def test_secret_vars_are_masked_in_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  vars:\n    secret_vars: [HF_TOKEN]\n    HF_TOKEN: hf_realsecret\n"
+                   "  hosts:\n    ctl: {ansible_connection: local}\n")
+    r = run_cli(capsys, "-i", str(inv), "hosts", "--json")
+    assert r.json()["hosts"][0]["vars"]["HF_TOKEN"] == "********"
+    assert "hf_realsecret" not in r.out + r.err
