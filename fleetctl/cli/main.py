@@ -17,6 +17,7 @@ from fleetctl.cli.adhoc import facts, ping, shell
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.drift import drift
 from fleetctl.cli.hosts import hosts
+from fleetctl.cli.kernels import kernels
 from fleetctl.cli.lab import lab
 from fleetctl.cli.probe import probe
 from fleetctl.cli.release import deploy, releases, rollback, status
@@ -48,7 +49,7 @@ def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks
     ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
 
 
-for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, lab):
+for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, kernels, lab):
     cli.add_command(command)
 
 

@@ -23,6 +23,7 @@ from packaging.specifiers import SpecifierSet
 from fleetctl.errors import HostError
 from fleetctl.release import patches as patchlib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
+from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.service import (
     STANDIN,
     STANDIN_NAME,
@@ -107,13 +108,14 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         # The release to fall back to: what runs now, unless that is this very release.
         previous = state.get("previous") if state.get("current") == spec.release_id else state.get("current")
         result = DeployResult(session.name, spec.release_id, "planned", previous=previous)
+        kernels = release_kernels(session, spec, base["path"])  # None: the spec names no kernels.dir
         if check:
-            result.diffs = diffs(base, files, spec)
+            result.diffs = diffs(base, files, spec, kernels)
             return result
         if state.get("current") == spec.release_id and service_running(session, layout):
             result.outcome = "unchanged"
             return result
-        result.build = build(session, spec, layout, base, files)
+        result.build = build(session, spec, layout, base, files, kernels)
         switch_and_restart(session, layout, spec.release_id, "deploy", holder)
         result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
         if all(g.ok for g in result.gates):
@@ -155,26 +157,32 @@ def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, 
     return {path: text for path, text in current.items() if text != base["files"].get(path) or text is None}
 
 
-def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec) -> dict[str, str]:
+def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
+          kernels: ReleaseKernels | None = None) -> dict[str, str]:
     out = {}
     for path, text in sorted(files.items()):
         old = base["files"].get(path) or ""
         out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
                                                  f"a/{path}", f"b/{path}"))
-    out["service.env"] = env_file(spec)
+    out["service.env"] = env_file(spec, kernels.env if kernels else None)
+    if kernels:  # fleetctl kernels
+        out["kernels/configs"] = kernels.describe()
     return out
 
 
 def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dict[str, Any],
-          files: dict[str, Any]) -> dict[str, Any]:
+          files: dict[str, Any], kernels: ReleaseKernels | None = None) -> dict[str, Any]:
     extra = {"service.json": json.dumps(stored_params(spec, layout), indent=1)}
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
-    manifest = {"release_id": spec.release_id, "spec_digest": spec.digest, "spec": spec.path.name,
-                "base_venv": spec.model.base.adopt, "patches": [str(p.path.name) for p in spec.patches]}
+    manifest: dict[str, Any] = {"release_id": spec.release_id, "spec_digest": spec.digest, "spec": spec.path.name,
+                                "base_venv": spec.model.base.adopt, "patches": [str(p.path.name) for p in spec.patches]}
+    if kernels:  # fleetctl kernels: written under <release>/kernels/configs/, hashed into the manifest
+        manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": spec.model.base.adopt,
-        "site": base["site"], "files": files, "env_file": env_file(spec), "extra_files": extra, "manifest": manifest,
+        "site": base["site"], "files": files, "env_file": env_file(spec, kernels.env if kernels else None),
+        "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))
 
 

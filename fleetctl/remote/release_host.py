@@ -221,6 +221,8 @@ def op_build(params):
         write_atomic(path, data, file_mode(path))
         manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
     write_host_files(tmp, params)
+    if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
+        manifest["kernel_files"] = write_kernel_files(tmp, params["kernel_files"])
     write_json(os.path.join(tmp, "manifest.json"), manifest)
     os.rename(tmp, final)  # published whole
     return dict(stats, built=True, path=final)
@@ -231,6 +233,21 @@ def write_host_files(folder, params):
     for name, text in (params.get("extra_files") or {}).items():
         write_atomic(safe_join(folder, name), text.encode("utf-8"), 0o644)
     write_atomic(os.path.join(folder, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
+
+
+def write_kernel_files(folder, files):
+    """Fused-MoE configs (built-in merged with tuned) as FOLDER/kernels/configs/<triton_X_Y_Z>/<name>;
+    answers their sha256 by path relative to FOLDER, for the manifest."""
+    sums = {}
+    top = os.path.join(folder, "kernels", "configs")
+    for rel, text in sorted(files.items()):
+        path = safe_join(top, rel)
+        data = text.encode("utf-8")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:  # a new folder, published whole by the build's rename
+            handle.write(data)
+        sums[os.path.relpath(path, folder)] = hashlib.sha256(data).hexdigest()
+    return sums
 
 
 def file_mode(path):
