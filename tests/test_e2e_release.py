@@ -151,3 +151,35 @@ def test_check_mode_writes_nothing(release_lab: LabHandle, capsys: pytest.Captur
     assert r.rc == 0, r.err
     assert "would write:" in r.out and "+    DDTREE = auto()" in r.out
     assert fingerprint(release_lab, "lab3") == before
+
+
+def test_base_venv_from_a_lock_file_and_hard_linked_release(release_lab: LabHandle, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_support import NEW_SGLANG, wheel
+
+    house = tmp_path / "wheels"
+    house.mkdir()
+    src = wheel("sglang", NEW_SGLANG)
+    (house / src.name).write_bytes(src.read_bytes())
+    (tmp_path / "base.lock").write_text(f"sglang=={NEW_SGLANG}\n")
+    spec = tmp_path / "locked.yml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: locked
+        version: "1"
+        base: {{lock: base.lock, wheelhouse: wheels}}
+        requires: {{sglang: "=={NEW_SGLANG}"}}
+        service:
+          standin: true
+          args: [--speculative-algorithm, DFLASH]
+        health: {{timeout: 30, interval: 0.2, probes: [{{symbol: SpeculativeAlgorithm.DFLASH}}]}}
+        """))
+    r = cli(capsys, release_lab, "-l", "lab3", "deploy", str(spec), "--json")
+    assert r.rc == 0, r.out + r.err
+    build = r.json()["hosts"]["lab3"]["value"]["build"]
+    assert build["linked"] > 5000 and build["copied"] == 0  # base and release share /opt: hard links
+    digest = load_spec(spec).base_lock_digest[:12]
+    assert release_lab.ssh("lab3", f"/opt/fleetctl/bases/{digest}/venv/bin/python -c "
+                                   "'import importlib.metadata as m; print(m.version(\"sglang\"))'").stdout.strip() \
+        == NEW_SGLANG
+    again = cli(capsys, release_lab, "-l", "lab3", "deploy", str(spec), "--json")
+    assert again.rc == 0 and again.json()["hosts"]["lab3"]["value"]["outcome"] == "unchanged"

@@ -103,12 +103,13 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
                 check: bool, holder: dict[str, Any]) -> DeployResult:
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder):
-        base, state = inspect(session, spec, loaded, layout)
+        base_venv = ensure_base(session, spec, layout, check)
+        base, state = inspect(session, spec, loaded, layout, base_venv)
         files = apply_patches(session.name, loaded, base)
         # The release to fall back to: what runs now, unless that is this very release.
         previous = state.get("previous") if state.get("current") == spec.release_id else state.get("current")
         result = DeployResult(session.name, spec.release_id, "planned", previous=previous)
-        kernels = release_kernels(session, spec, base["path"])  # None: the spec names no kernels.dir
+        kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
             result.diffs = diffs(base, files, spec, kernels)
             return result
@@ -126,17 +127,41 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         return roll_back_after_failure(session, spec, layout, result, holder)
 
 
-def inspect(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
-            layout: HostLayout) -> tuple[dict[str, Any], dict[str, Any]]:
+def base_venv_path(spec: ReleaseSpec, layout: HostLayout) -> str:
+    """``adopt``'s venv, or the venv built from ``lock`` under ROOT/bases/<lock hash> (one filesystem
+    with the releases, so release clones are hard links)."""
+    if spec.model.base.adopt:
+        return spec.model.base.adopt
+    return f"{layout.root}/bases/{spec.base_lock_digest[:12]}/venv"
+
+
+def ensure_base(session: HostSession, spec: ReleaseSpec, layout: HostLayout, check: bool) -> str:
+    """The base venv, created from the spec's lock file when it has one (idempotent: nothing is
+    installed when the host already has exactly the pins). Check mode creates nothing."""
+    venv = base_venv_path(spec, layout)
+    if spec.model.base.lock is None or check:
+        return venv
+    from fleetctl.transport.fleet import HostContext
+    from fleetctl.venv_create import create_on_host, load_request
+
+    lock = spec.path.parent / spec.model.base.lock
+    house = spec.path.parent / spec.model.base.wheelhouse if spec.model.base.wheelhouse else None
+    assert isinstance(session, HostContext), "base venvs are created through a fleet connection"
+    create_on_host(session, load_request(venv, spec.model.base.python, None, lock, house))
+    return venv
+
+
+def inspect(session: HostSession, spec: ReleaseSpec, loaded: Loaded, layout: HostLayout,
+            base_venv: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The base venv and the files the patches touch, read once; refuse when the release does not fit."""
-    base_venv = spec.model.base.adopt or ""
     dists = sorted(set(spec.model.requires) | {p.distribution for p, _ in loaded})
     wanted = sorted({fp.path for _, ps in loaded for fp in ps.files})
     answer = session.call("release_host", {"op": "inspect", **layout.params(), "base_venv": base_venv,
                                            "dists": dists, "files": wanted})
     base = answer["base"]
     if not base or not base.get("exists"):
-        raise ReleaseRefused(session.name, f"no venv at {base_venv} (the release's base: adopt)")
+        how = "adopt" if spec.model.base.adopt else "lock: created on deploy, not in check mode"
+        raise ReleaseRefused(session.name, f"no venv at {base_venv} (the release's base, {how})")
     for dist, wanted_spec in sorted(spec.model.requires.items()):
         found = base["dists"].get(dist)
         if found is None or not SpecifierSet(wanted_spec).contains(found, prereleases=True):
@@ -176,11 +201,11 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
     manifest: dict[str, Any] = {"release_id": spec.release_id, "spec_digest": spec.digest, "spec": spec.path.name,
-                                "base_venv": spec.model.base.adopt, "patches": [str(p.path.name) for p in spec.patches]}
+                                "base_venv": base["path"], "patches": [str(p.path.name) for p in spec.patches]}
     if kernels:  # fleetctl kernels: written under <release>/kernels/configs/, hashed into the manifest
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
-        "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": spec.model.base.adopt,
+        "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": base["path"],
         "site": base["site"], "files": files, "env_file": env_file(spec, kernels.env if kernels else None),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))

@@ -133,6 +133,7 @@ class ReleaseSpec:
     release_id: str
     patches: tuple[PatchFile, ...]
     digest: str
+    base_lock_digest: str = ""  # sha256 of base.lock's file, names the base venv built from it
 
 
 def load_spec(path: str | Path) -> ReleaseSpec:
@@ -141,8 +142,17 @@ def load_spec(path: str | Path) -> ReleaseSpec:
     model = yamlfile.validate(doc, ReleaseModel, "release spec")
     _check_requires(doc, model)
     patches = tuple(_patch_files(doc, model))
+    lock_digest = ""
+    if model.base.lock is not None:
+        lock = _existing(doc, ("base", "lock"), path.parent / model.base.lock)
+        lock_digest = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if model.base.wheelhouse is not None and not (path.parent / model.base.wheelhouse).is_dir():
+        folder = path.parent / model.base.wheelhouse
+        raise doc.error(("base", "wheelhouse"), f"base.wheelhouse: no such folder {folder}")
     digest = _digest(path, patches, model)
-    return ReleaseSpec(path, model, f"{model.name}-{model.version}-{digest[:8]}", patches, digest)
+    if lock_digest:  # the pinned set is part of what the release is
+        digest = hashlib.sha256((digest + lock_digest).encode()).hexdigest()
+    return ReleaseSpec(path, model, f"{model.name}-{model.version}-{digest[:8]}", patches, digest, lock_digest)
 
 
 def _check_requires(doc: yamlfile.YamlDoc, model: ReleaseModel) -> None:
