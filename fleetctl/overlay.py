@@ -15,6 +15,11 @@ SFTP: packing, compressing, both SSH hops, unpacking and writing overlap instead
 after another (on a 2-core host that is most of the difference to rsync), and nothing is left
 to clean up on either side. The target applies in a crash-safe order (``overlay_target.apply``),
 so running the same command again completes an interrupted overlay.
+
+With ``--direct`` the controller still lists and plans both sides, but each target pulls its
+stream from the source host itself: its agent runs ``ssh USER@SOURCE <the source's stream
+command>`` (host keys checked against the target's own known_hosts, never skipped) and feeds what
+comes back into the same apply; the controller only sends plans and reads answers.
 """
 
 from __future__ import annotations
@@ -328,6 +333,7 @@ class OverlayRequest:
     to_venv: str | None = None
     packages: tuple[str, ...] = ()
     dry_run: bool = False
+    direct: bool = False  # each target pulls the stream from the source host over its own ssh
     level: int = 1  # zlib level: 1 already takes Python sources to about a third
     # Only for tests of interrupted overlays: the target pauses this long after each file.
     throttle_s: float = field(default_factory=lambda: float(os.environ.get("FLEETCTL_OVERLAY_THROTTLE_S", "0")))
@@ -344,6 +350,7 @@ class Applied:
     bytes_in: int
     seconds: float
     manifest: str
+    via: str = "controller"  # "direct": the target pulled the stream from the source itself
 
 
 @dataclass
@@ -457,7 +464,8 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
     groups: dict[tuple[str, ...], list[HostContext]] = {}
     for host, res in results.items():
         if res.ok and res.value is not None and res.value.plan.changes:
-            key = tuple(rel for d in res.value.plan.dists for rel in d.send)
+            # --direct: every target pulls its own stream, all at once
+            key = () if req.direct else tuple(rel for d in res.value.plan.dists for rel in d.send)
             groups.setdefault(key, []).append(targets.contexts[host])
     for members in groups.values():
         plans = {c.name: _plan(results, c.name) for c in members}
@@ -488,6 +496,39 @@ def stream_command(module: str, python: str) -> str:
     blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
     code = f"import zlib,base64;exec(zlib.decompress(base64.b64decode('{blob}')))"
     return f"exec {shlex.quote(python)} -c {shlex.quote(code)}"
+
+
+DIRECT_KEY_VAR = "direct_ssh_key"  # host var: the key file on the target for reaching the source
+
+
+def direct_argv(source: HostContext, target: HostContext, command: str) -> list[str]:
+    """The ssh the target runs to reach the source (the source's inventory connection settings);
+    host keys are checked against the target's own known_hosts, never skipped."""
+    spec = source.host.connection
+    if spec.kind != "ssh":
+        raise HostError(target.name, f"--direct: {source.name} is not reached over ssh (connection {spec.kind})")
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout))}"]
+    key = target.vars.get(DIRECT_KEY_VAR)
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise HostError(target.name, f"{DIRECT_KEY_VAR} must be a path on {target.name}")
+        argv += ["-o", "IdentitiesOnly=yes", "-i", key]
+    if spec.jump:
+        argv += ["-J", spec.jump]
+    argv += ["-p", str(spec.port), "--", f"{spec.user}@{spec.hostname}" if spec.user else spec.hostname, command]
+    return argv
+
+
+def direct_failure(host: str, source: str, why: str) -> str:
+    """One line for a target that could not reach the source itself."""
+    if "host key" in why.lower():
+        hint = f"pin {source}'s key in {host}'s ~/.ssh/known_hosts"
+    elif "permission denied" in why.lower() or "identity file" in why.lower():
+        hint = f"give {host} a key that {source} accepts (host var {DIRECT_KEY_VAR})"
+    else:
+        hint = f"check that {host} can reach {source} over ssh"
+    return f"{host} cannot reach {source} directly: {why}; {hint} or drop --direct"
 
 
 def frame(doc: Any) -> bytes:
@@ -559,15 +600,28 @@ def _why(stream: Stream, exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" + (f" ({tail})" if tail else "")
 
 
+def source_params(src: SourceListing, plan: HostPlan, req: OverlayRequest) -> dict[str, Any]:
+    """What the source's stream_main reads: the files to send, in the order the target writes them."""
+    return {"send": send_order(src, plan), "target_prefix": req.target_venv, "level": req.level}
+
+
 def open_targets(members: list[HostContext], src: SourceListing, plans: Mapping[str, HostPlan],
-                 req: OverlayRequest) -> tuple[dict[str, Stream], dict[str, Applied | str]]:
+                 req: OverlayRequest, direct_from: HostContext | None = None
+                 ) -> tuple[dict[str, Stream], dict[str, Applied | str]]:
     sinks: dict[str, Stream] = {}
     failed: dict[str, Applied | str] = {}
     for ctx in members:
         try:
+            params = target_params(src, plans[ctx.name], req)
+            if direct_from is not None:  # the target runs the source's stream command itself
+                command = stream_command("overlay_source", python_of(req.venv))
+                params["direct"] = {"argv": direct_argv(direct_from, ctx, command),
+                                    "params": source_params(src, plans[ctx.name], req)}
             stream = ctx.connector.open_stream(stream_command("overlay_target", python_of(req.target_venv)))
-            stream.send(frame(target_params(src, plans[ctx.name], req)))
+            stream.send(frame(params))
             sinks[ctx.name] = stream
+        except HostError as exc:
+            failed[ctx.name] = f"cannot start the overlay: {exc.reason}"
         except Exception as exc:  # one target that cannot be reached must not stop the others
             failed[ctx.name] = f"cannot start the overlay: {type(exc).__name__}: {exc}"
     return sinks, failed
@@ -591,7 +645,7 @@ def pump(source: Stream, sinks: dict[str, Stream], failed: dict[str, Applied | s
                 del sinks[host]
 
 
-def collect(sink: Stream, timeout: float | None) -> Applied | str:
+def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: str | None = None) -> Applied | str:
     reader = Reader(sink, timeout)
     try:
         reader.until(BEGIN, limit=1 << 20)
@@ -599,23 +653,32 @@ def collect(sink: Stream, timeout: float | None) -> Applied | str:
     except Exception as exc:
         return f"no answer from the target: {_why(sink, exc)}"
     if not answer.get("ok"):
+        if direct_from is not None and answer.get("unreachable"):
+            return direct_failure(host, direct_from, answer["unreachable"])
         return f"overlay failed on the target: {answer.get('error')}"
     r = answer["result"]
-    return Applied(r["written"], r["removed"], r["bytes_in"], r["seconds"], r["manifest"])
+    return Applied(r["written"], r["removed"], r["bytes_in"], r["seconds"], r["manifest"],
+                   "direct" if direct_from is not None else "controller")
 
 
 def stream_group(source: HostContext, members: list[HostContext], src: SourceListing,
                  plans: Mapping[str, HostPlan], req: OverlayRequest) -> dict[str, Applied | str]:
-    """One source stream, forwarded to every target of the group; each target's outcome."""
+    """One source stream, forwarded to every target of the group; each target's outcome. With
+    ``--direct`` each target pulls its own stream from the source, all at once."""
+    timeout = source.settings.command_timeout
+    if req.direct:
+        sinks, outcomes = open_targets(members, src, plans, req, direct_from=source)
+        for host, sink in sinks.items():
+            outcomes[host] = collect(sink, timeout, host, source.name)
+            sink.close()
+        return outcomes
     sinks, outcomes = open_targets(members, src, plans, req)
     if not sinks:
         return outcomes
-    timeout = source.settings.command_timeout
-    order = send_order(src, plans[next(iter(sinks))])
     pipe: Stream | None = None
     try:
         pipe = source.connector.open_stream(stream_command("overlay_source", python_of(req.venv)))
-        pipe.send(frame({"send": order, "target_prefix": req.target_venv, "level": req.level}))
+        pipe.send(frame(source_params(src, plans[next(iter(sinks))], req)))
         pump(pipe, sinks, outcomes, timeout)
     except Exception as exc:  # the source failed: no target may finish a partial stream
         why = _why(pipe, exc) if pipe is not None else f"{type(exc).__name__}: {exc}"
@@ -643,7 +706,8 @@ def host_result_text(res: HostResult[HostOverlay], dry_run: bool) -> str:
     if value.applied is None:
         return "would change" if dry_run else "not applied"
     a = value.applied
-    return f"done: {a.written} written, {a.removed} removed, {a.bytes_in:,} B in, {a.seconds:.1f}s on the host"
+    how = " (direct from the source)" if a.via == "direct" else ""
+    return f"done{how}: {a.written} written, {a.removed} removed, {a.bytes_in:,} B in, {a.seconds:.1f}s on the host"
 
 
 def plan_rows(report: OverlayReport) -> list[list[str]]:

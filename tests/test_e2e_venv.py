@@ -273,3 +273,84 @@ def test_venv_create_uses_uv_when_the_host_has_it(
         assert drift.rc == 0, drift.out
     finally:
         target.unlink()
+
+
+DIRECT_SRC, DIRECT_DST = "/root/ov-direct-src", "/root/ov-direct-dst"
+DIRECT_PKGS = ("requests", "charset-normalizer", "idna", "urllib3", "certifi")
+
+
+def _give_ssh(lab: LabHandle, target: str, source: str | None) -> list[Path]:
+    """The lab client key in the target's private /root/.ssh, and (when ``source``) the source's
+    pinned host key in its known_hosts; the files written, to remove afterwards."""
+    ssh_dir = lab.dir / "hosts" / target / "root" / ".ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ssh_dir / "id_ed25519"
+    key.write_bytes(lab.key_path.read_bytes())
+    key.chmod(0o600)
+    written = [key]
+    if source is not None:
+        address = lab.addresses[source]
+        lines = [line for line in lab.known_hosts.read_text().splitlines()
+                 if address in line.split(" ", 1)[0].split(",") or f"[{address}]" in line.split(" ", 1)[0]]
+        assert lines, f"no pinned key for {source} in {lab.known_hosts}"
+        known = ssh_dir / "known_hosts"
+        known.write_text("\n".join(lines) + "\n")
+        written.append(known)
+    return written
+
+
+def _direct_lab(lab: LabHandle, target: str) -> None:
+    make_venv(lab, "lab1", DIRECT_SRC, wheel_set(REQUESTS))
+    _fresh(lab, target, DIRECT_DST)
+
+
+def test_direct_overlay_pulls_from_the_source_itself(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    _direct_lab(lab_fleet, "lab2")
+    written = _give_ssh(lab_fleet, "lab2", "lab1")
+    try:
+        base = ("-l", "lab2", "venv", "overlay", "--from", "lab1", "--venv", DIRECT_SRC, "--to-venv", DIRECT_DST,
+                "--direct")
+        human = _cli(capsys, lab_fleet, *base, "--packages", "idna")
+        assert human.rc == 0, human.out[-2000:] + human.err
+        assert "lab2: done (direct from the source):" in human.out, human.out
+        pkgs = [p for name in DIRECT_PKGS for p in ("--packages", name)]
+        r = _cli(capsys, lab_fleet, *base, *pkgs, "--json")
+        assert r.rc == 0, r.out[-2000:] + r.err
+        doc = r.json()
+        assert doc["direct"] is True
+        applied = doc["hosts"]["lab2"]["value"]["applied"]
+        assert applied["via"] == "direct" and applied["written"] > 50
+        script = f"{DIRECT_DST}/bin/normalizer"
+        assert lab_fleet.ssh("lab2", f"head -1 {script}").stdout.strip() == f"#!{DIRECT_DST}/bin/python"
+    finally:
+        for path in written:
+            path.unlink()
+    inventory = lab_fleet.dir / "inventory-ov-direct.yml"
+    text = lab_fleet.inventory_path.read_text()
+    inventory.write_text(text.replace("ansible_python_interpreter: /usr/bin/python3",
+                                      "ansible_python_interpreter: /usr/bin/python3\n          venv: VENV")
+                         .replace("VENV", DIRECT_SRC, 1).replace("VENV", DIRECT_DST, 1).replace("VENV", DIRECT_SRC, 1))
+    _drift_clean(capsys, lab_fleet, "lab1,lab2", *pkgs, inventory=inventory)
+    again = _cli(capsys, lab_fleet, *base, *pkgs, "--json")
+    assert again.rc == 0 and again.json()["line"] == "1 targets: 0 changed, 1 nothing to change"
+
+
+def test_direct_overlay_without_the_pinned_key_fails_clearly_and_writes_nothing(
+    lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _direct_lab(lab_fleet, "lab3")
+    state = "ls /var/lib/fleetctl/overlays/ 2>/dev/null | sort | md5sum"
+    before = (lab_fleet.ssh("lab3", f"find {DIRECT_DST} | sort | md5sum").stdout, lab_fleet.ssh("lab3", state).stdout)
+    written = _give_ssh(lab_fleet, "lab3", None)  # a key, but lab1's host key is not pinned
+    try:
+        r = _cli(capsys, lab_fleet, "-l", "lab3", "venv", "overlay", "--from", "lab1", "--venv", DIRECT_SRC,
+                 "--to-venv", DIRECT_DST, "--direct", "--json")
+    finally:
+        for path in written:
+            path.unlink()
+    assert r.rc == 2, r.out[-2000:] + r.err
+    assert r.json()["hosts"]["lab3"]["reason"] == (
+        "lab3 cannot reach lab1 directly: Host key verification failed; "
+        "pin lab1's key in lab3's ~/.ssh/known_hosts or drop --direct")
+    after = (lab_fleet.ssh("lab3", f"find {DIRECT_DST} | sort | md5sum").stdout, lab_fleet.ssh("lab3", state).stdout)
+    assert after == before  # nothing written: neither the venv nor a journal or manifest

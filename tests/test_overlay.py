@@ -6,6 +6,11 @@ import ast
 import base64
 import hashlib
 import os
+import shlex
+import struct
+import sys
+import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -132,4 +137,59 @@ def test_venv_overlay_cli_refuses_bad_input(tmp_path: Path, capsys: pytest.Captu
     r = run_cli(capsys, "-i", str(inv), "-l", "a", "venv", "overlay", "--from", "a", "--venv", "/v")
     assert r.rc == 3 and "no target hosts" in r.err
     r = run_cli(capsys, "-i", str(inv), "venv", "overlay", "--from", "a", "--venv", "/v", "--direct")
-    assert r.rc == 3 and "--direct is not supported yet" in r.err
+    assert r.rc == 3 and r.err.strip() == ("fleetctl: error: --direct: a is not reached over ssh, so targets cannot "
+                                           "pull from it; drop --direct")
+
+
+def test_direct_source_deframes_the_sources_stream_after_its_magic() -> None:
+    target = remote("overlay_target")
+    payload = os.urandom(3000) + b"x" * 600000
+    packed = zlib.compress(payload, 1)
+    frames = b"".join(struct.pack(">I", len(packed[i:i + 70000])) + packed[i:i + 70000]
+                      for i in range(0, len(packed), 70000))
+    script = ("import sys,struct,json\n"
+              "n=struct.unpack('>I',sys.stdin.buffer.read(4))[0]\n"
+              "assert json.loads(sys.stdin.buffer.read(n))=={'send':[]}\n"
+              "sys.stdout.buffer.write(b'motd\\n'+open(sys.argv[1],'rb').read())\n")
+    with tempfile.NamedTemporaryFile() as blob:
+        blob.write(target["STREAM_MAGIC"] + frames + struct.pack(">I", 0))
+        blob.flush()
+        direct = target["DirectSource"]({"argv": [sys.executable, "-c", script, blob.name], "params": {"send": []}})
+        try:
+            direct.start()
+            got = target["Decompressor"](direct.read)
+            assert got.read() == payload
+            assert direct.read(10) == b""
+        finally:
+            direct.close()
+
+
+def test_direct_source_that_cannot_connect_says_why_in_one_line() -> None:
+    target = remote("overlay_target")
+    argv = ["sh", "-c", "cat >/dev/null; echo 'No ED25519 host key is known for 10.0.0.1.' >&2; "
+                        "echo 'Host key verification failed.' >&2; exit 255"]
+    direct = target["DirectSource"]({"argv": argv, "params": {"send": []}})
+    try:
+        with pytest.raises(target["DirectError"], match=r"^Host key verification failed$"):
+            direct.start()
+    finally:
+        direct.close()
+    line = core.direct_failure("lab2", "lab1", "Host key verification failed")
+    assert line == ("lab2 cannot reach lab1 directly: Host key verification failed; "
+                    "pin lab1's key in lab2's ~/.ssh/known_hosts or drop --direct")
+
+
+def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
+    from types import SimpleNamespace
+
+    from fleetctl.connection import ConnectionSpec
+
+    source = SimpleNamespace(name="lab1", host=SimpleNamespace(
+        connection=ConnectionSpec("ssh", "10.0.0.1", 2222, "ops", connect_timeout=7.0)))
+    target = SimpleNamespace(name="lab2", vars={"direct_ssh_key": "/root/.ssh/fleet key"})
+    command = core.stream_command("overlay_source", "/opt/my venv/bin/python")
+    argv = core.direct_argv(source, target, command)  # type: ignore[arg-type]
+    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    assert argv[argv.index("-i") + 1] == "/root/.ssh/fleet key" and argv[argv.index("-p") + 1] == "2222"
+    assert argv[-2:] == ["ops@10.0.0.1", command] and "StrictHostKeyChecking=no" not in argv
+    assert shlex.split(command)[:3] == ["exec", "/opt/my venv/bin/python", "-c"]

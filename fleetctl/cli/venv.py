@@ -69,7 +69,9 @@ def _print_create(results: dict[str, HostResult[CreateOutcome]]) -> None:
 @click.option("--to-venv", "to_venv", metavar="PATH", help="The venv on the targets, when it lies elsewhere.")
 @click.option("--packages", multiple=True, metavar="GLOB", help="Only these distributions (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Show the plan, change nothing.")
-@click.option("--direct", is_flag=True, help="Targets pull from the source host itself (not supported yet).")
+@click.option("--direct", is_flag=True,
+              help="Each target pulls the stream from the source host over its own ssh (it must already trust the "
+                   "source's host key; host var direct_ssh_key names its key file), not through this machine.")
 @host_options
 @click.pass_obj
 def overlay(app: AppContext, source: str, path: str, to_venv: str | None, packages: tuple[str, ...], dry_run: bool,
@@ -79,15 +81,15 @@ def overlay(app: AppContext, source: str, path: str, to_venv: str | None, packag
     from fleetctl import overlay as core
     from fleetctl.transport.fleet import Fleet
 
-    if direct:
-        raise InputError("--direct is not supported yet: targets would need a key for the source host; "
-                         "run without it (the stream goes through this machine)")
     if source not in app.inventory.hosts:
         raise InputError(f"--from {source}: no such host in {app.inventory.path}")
+    if direct and app.inventory.hosts[source].connection.kind != "ssh":
+        raise InputError(f"--direct: {source} is not reached over ssh, so targets cannot pull from it; "
+                         "drop --direct")
     targets = [h for h in app.selected_hosts() if h.name != source]
     if not targets:
         raise InputError(f"no target hosts: the selection holds only the source {source}")
-    request = core.OverlayRequest(source, path, to_venv, packages, dry_run)
+    request = core.OverlayRequest(source, path, to_venv, packages, dry_run, direct)
     with app.fleet(source) as src, Fleet(app.inventory, targets, src.settings) as fleet:
         report = core.run_overlay(src.contexts[source], fleet, request)
     if app.json:
@@ -101,7 +103,7 @@ def _overlay_json(report: OverlayReport) -> dict[str, Any]:
     doc = render.results_json(report.results, lambda v: v.to_dict())
     req = report.request
     return {"source": req.source, "venv": req.venv, "to_venv": req.target_venv, "dry_run": req.dry_run,
-            "line": report.summary(), **doc}
+            "direct": req.direct, "line": report.summary(), **doc}
 
 
 def _print_overlay(report: OverlayReport) -> None:
@@ -110,6 +112,7 @@ def _print_overlay(report: OverlayReport) -> None:
     out = render.console()
     req = report.request
     title = f"overlay plan: {req.source}:{req.venv} -> {req.target_venv}" + (" (dry run)" if req.dry_run else "")
+    title += " (direct: each target pulls from the source)" if req.direct else ""
     out.print(render.table(title, ["host", "package", "action", "from", "to", "send", "bytes", "unchanged",
                                    "remove"], plan_rows(report)))
     for line in outcome_lines(report):

@@ -9,7 +9,9 @@
 #   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON plan
 #     from stdin, then the zlib-compressed tar the source streams, and applies it in an order
 #     that a dropped connection cannot turn into a hybrid (see apply()). Prints one delimited
-#     JSON answer on stdout.
+#     JSON answer on stdout. With a "direct" entry in the plan the target does not read the tar
+#     from stdin: it runs the given ssh argv itself (the source host's own overlay_source stream
+#     command), sends it the source's params and reads the framed stream from its stdout.
 import email.parser
 import hashlib
 import io
@@ -18,15 +20,18 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 import time
 import zlib
 
 BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
 STATE_DIR = "/var/lib/fleetctl/overlays"
+STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 PYC_TAG = re.compile(r"^[a-z]+-\d+(\.opt-\d+)?\.pyc$")  # "cpython-311.pyc", "cpython-311.opt-1.pyc"
 
 
@@ -138,13 +143,14 @@ def journal_path(prefix, state_dir=None):
 
 
 class Decompressor(object):
-    """A read-only file object over stdin: what tarfile reads, zlib-decompressed."""
+    """A read-only file object over `read(n)` (stdin, or a direct source): what tarfile reads,
+    zlib-decompressed."""
 
-    def __init__(self, fd):
-        self.fd, self.z, self.buf, self.bytes_in = fd, zlib.decompressobj(), bytearray(), 0
+    def __init__(self, read):
+        self.raw, self.z, self.buf, self.bytes_in = read, zlib.decompressobj(), bytearray(), 0
 
     def fill(self):
-        chunk = os.read(self.fd, 1 << 18)
+        chunk = self.raw(1 << 18)
         if not chunk:
             raise EOFError("the stream from the source ended early (connection dropped?)")
         self.bytes_in += len(chunk)
@@ -298,14 +304,97 @@ def write_manifest(plan, applier):
     return path
 
 
-def apply(plan, fd):
+class DirectError(Exception):
+    """The source host could not be reached from here: nothing was written."""
+
+
+class DirectSource(object):
+    """The source's stream pulled over this host's own ssh: `argv` runs the source's stream
+    command there; the bytes read() returns are the frames' payloads, as the controller would
+    have forwarded them."""
+
+    def __init__(self, direct):
+        self.errors = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(direct["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.errors)
+        self.buf, self.left, self.done = bytearray(), 0, False
+        body = json.dumps(direct["params"]).encode("utf-8")
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.close()
+        except (IOError, OSError):
+            pass  # ssh already gone: the reason is on its stderr, read below
+
+    def stderr(self):
+        self.errors.seek(0)
+        return self.errors.read().decode("utf-8", "replace")
+
+    def why(self):
+        """ssh's reason, one line: the line that says what failed, else its last line."""
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        lines = [line.strip().rstrip(".") for line in self.stderr().splitlines() if line.strip()]
+        for key in ("Host key verification failed", "Permission denied", "Connection refused", "Could not resolve",
+                    "timed out", "No route to host", "Identity file"):
+            for line in lines:
+                if key in line:
+                    return line
+        return lines[-1] if lines else "ssh exited with status %s" % self.proc.returncode
+
+    def more(self):
+        chunk = self.proc.stdout.read1(1 << 18)
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def start(self):
+        """Wait for the source's magic: until then ssh may still fail, and nothing is written."""
+        while STREAM_MAGIC not in self.buf:
+            if len(self.buf) > 1 << 16 or not self.more():
+                raise DirectError(self.why())
+        self.buf = self.buf[self.buf.index(STREAM_MAGIC) + len(STREAM_MAGIC):]
+
+    def exact(self, n):
+        while len(self.buf) < n:
+            if not self.more():
+                tail = self.stderr().strip()
+                raise EOFError("the stream from the source ended early" + (" (%s)" % tail[-500:] if tail else ""))
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def read(self, n):
+        while self.left == 0:
+            if self.done:
+                return b""
+            self.left = struct.unpack(">I", self.exact(4))[0]
+            self.done = self.left == 0
+        if not self.buf and not self.more():
+            return self.exact(1)  # raises, with the source's reason
+        out = bytes(self.buf[:min(n, self.left)])
+        del self.buf[:len(out)]
+        self.left -= len(out)
+        return out
+
+    def close(self):
+        for handle in (self.proc.stdout, self.errors):
+            handle.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def apply(plan, read):
     """1. note temp names in a journal; 2. new files land (temp + rename) as the stream brings
     them; 3. old files the new RECORD no longer lists are removed; 4. old dist-info removed, new
     dist-info written, RECORD last; 5. manifest; 6. journal removed."""
     started = time.time()
     applier = Applier(plan)
     applier.begin()
-    source = Decompressor(fd)
+    source = Decompressor(read)
     received = set()
     with tarfile.open(fileobj=source, mode="r|") as tar:
         for member in tar:
@@ -339,10 +428,24 @@ def stream_main():
         if not chunk:
             raise EOFError("the plan was cut short")
         body += chunk
+    plan = json.loads(body.decode("utf-8"))
+    direct = None
     try:
-        answer = {"ok": True, "result": apply(json.loads(body.decode("utf-8")), fd)}
+        if plan.get("direct"):
+            direct = DirectSource(plan["direct"])
+            direct.start()
+            read = direct.read
+        else:
+            def read(n):
+                return os.read(fd, n)
+        answer = {"ok": True, "result": apply(plan, read)}
+    except DirectError as exc:
+        answer = {"ok": False, "error": "DirectError: %s" % exc, "unreachable": str(exc)}
     except Exception as exc:
         answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    finally:
+        if direct is not None:
+            direct.close()
     sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN, json.dumps(answer), END))
     sys.stdout.flush()
 
