@@ -90,7 +90,8 @@ def print_failures(results: dict[str, HostResult[Any]]) -> None:
 
 
 def print_blocks(blocks: Sequence[Any]) -> None:
-    """``clush -b`` style: one header per set of hosts with identical output."""
+    """``clush -b`` style: one header per set of hosts with identical output. Host output is never
+    re-wrapped: tracebacks and paths stay one line each."""
     from rich.rule import Rule
     from rich.text import Text
 
@@ -101,9 +102,9 @@ def print_blocks(blocks: Sequence[Any]) -> None:
             head += f" [{block.status}" + (f", rc={block.rc}" if block.rc is not None else "") + "]"
         out.print(Rule(Text(head, style="bold"), align="left", style="dim"))
         if block.stdout:
-            out.print(Text(block.stdout.rstrip("\n")))
+            out.print(Text(block.stdout.rstrip("\n")), soft_wrap=True)
         if block.stderr:
-            out.print(Text(block.stderr.rstrip("\n"), style="red"))
+            out.print(Text(block.stderr.rstrip("\n"), style="red"), soft_wrap=True)
 
 
 def print_facts(results: dict[str, HostResult[Any]]) -> None:

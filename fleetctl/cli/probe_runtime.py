@@ -112,7 +112,7 @@ def script(app: AppContext, file: str, args: tuple[str, ...], venv: str | None, 
     if app.json:
         render.emit_json(render.results_json(results, as_dict))
     else:
-        _print_blocks(script_core.gather_outputs(results, file))
+        render.print_blocks(script_core.gather_outputs(results, file))
         render.console().print(render.summary_line(results))
     return exit_code_for(results)
 
@@ -121,25 +121,8 @@ def script(app: AppContext, file: str, args: tuple[str, ...], venv: str | None, 
 
 def _print_gathered(results: T_Result, describe: Callable[[Any], tuple[str, str]], title: str) -> None:
     render.console().print(title, markup=False, highlight=False)
-    _print_blocks(_blocks(results, describe))
+    render.print_blocks(_blocks(results, describe))
     render.console().print(render.summary_line(results))
-
-
-def _print_blocks(blocks: list[OutputBlock]) -> None:
-    """render.print_blocks, but host output is never re-wrapped: tracebacks and paths stay one line."""
-    from rich.rule import Rule
-    from rich.text import Text
-
-    out = render.console()
-    for block in blocks:
-        head = ",".join(block.hosts) + f" ({len(block.hosts)})"
-        if block.status != "ok" or block.rc not in (0, None):
-            head += f" [{block.status}" + (f", rc={block.rc}" if block.rc is not None else "") + "]"
-        out.print(Rule(Text(head, style="bold"), align="left", style="dim"))
-        if block.stdout:
-            out.print(Text(block.stdout.rstrip("\n")), soft_wrap=True)
-        if block.stderr:
-            out.print(Text(block.stderr.rstrip("\n"), style="red"), soft_wrap=True)
 
 
 def _blocks(results: T_Result, describe: Callable[[Any], tuple[str, str]]) -> list[OutputBlock]:
@@ -197,7 +180,7 @@ def _print_http(results: dict[str, HostResult[http_core.HttpAnswer]], request: h
         out.print(render.table(None, ["field", "value"], field_rows))
     elif answered:
         bodies = {n: r for n, r in results.items() if n in answered}
-        _print_blocks([b for b in _blocks(bodies, _http_body) if b.stdout])
+        render.print_blocks([b for b in _blocks(bodies, _http_body) if b.stdout])
     render.print_failures(results)
     out.print(render.summary_line(results))
 

@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: venvinfo
 # The source side of `fleetctl venv overlay`, run by the source venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -27,22 +28,6 @@ import zlib
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 EXT_TAG = re.compile(r"\.((?:cpython|pypy)[-\w]*|abi3)\.(?:so|pyd)$")
-
-
-def normalize(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def interpreter():
-    return {
-        "version": ".".join(str(n) for n in sys.version_info[:3]),
-        "implementation": sys.implementation.name,
-        "soabi": sysconfig.get_config_var("SOABI"),
-        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "platform": sysconfig.get_platform(),
-        "prefix": os.path.normpath(sys.prefix),
-        "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
-    }
 
 
 def wanted(name, patterns):

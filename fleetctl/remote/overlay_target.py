@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: venvinfo
 # The target side of `fleetctl venv overlay`, run by the target venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -33,22 +34,6 @@ END = "@@FLEETCTL-JSON-END@@"
 STATE_DIR = "/var/lib/fleetctl/overlays"
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 PYC_TAG = re.compile(r"^[a-z]+-\d+(\.opt-\d+)?\.pyc$")  # "cpython-311.pyc", "cpython-311.opt-1.pyc"
-
-
-def normalize(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def interpreter():
-    return {
-        "version": ".".join(str(n) for n in sys.version_info[:3]),
-        "implementation": sys.implementation.name,
-        "soabi": sysconfig.get_config_var("SOABI"),
-        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "platform": sysconfig.get_platform(),
-        "prefix": os.path.normpath(sys.prefix),
-        "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
-    }
 
 
 def dist_name(folder, entry):
