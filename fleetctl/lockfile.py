@@ -25,31 +25,39 @@ class Pin:
     text: str
 
 
-def parse_lock(path: Path) -> dict[str, Pin]:
-    """Pins by canonical name; anything that is not an exact pin is an error naming file:line."""
+def requirement_lines(path: Path, what: str) -> list[tuple[int, str, Requirement]]:
+    """(line number, text, Requirement) of every requirement line; comments and blank lines
+    skipped; options (-e, -r, --index-url) refused: one error naming file:line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read lock file: {exc.strerror or exc}") from None
-    pins: dict[str, Pin] = {}
+        raise InputError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    out = []
     for number, raw in enumerate(lines, 1):
         text = raw.split(" #", 1)[0].strip()
         if not text or text.startswith("#"):
             continue
         if text.startswith("-"):
-            raise InputError(f"{path}:{number}: options like {text.split()[0]!r} are not supported in a lock file")
-        pin = _pin(path, number, text)
+            raise InputError(f"{path}:{number}: options like {text.split()[0]!r} are not supported in a {what}")
+        try:
+            out.append((number, text, Requirement(text)))
+        except InvalidRequirement as exc:
+            raise InputError(f"{path}:{number}: not a requirement: {text!r} ({exc})") from None
+    return out
+
+
+def parse_lock(path: Path) -> dict[str, Pin]:
+    """Pins by canonical name; anything that is not an exact pin is an error naming file:line."""
+    pins: dict[str, Pin] = {}
+    for number, text, req in requirement_lines(path, "lock file"):
+        pin = _pin(path, number, text, req)
         if pin.name in pins:
             raise InputError(f"{path}:{number}: {pin.name} is pinned twice (first on line {pins[pin.name].line})")
         pins[pin.name] = pin
     return pins
 
 
-def _pin(path: Path, number: int, text: str) -> Pin:
-    try:
-        req = Requirement(text)
-    except InvalidRequirement as exc:
-        raise InputError(f"{path}:{number}: not a requirement: {text!r} ({exc})") from None
+def _pin(path: Path, number: int, text: str, req: Requirement) -> Pin:
     specs = list(req.specifier)
     if req.url or len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
         raise InputError(f"{path}:{number}: {text!r} is not an exact pin (expected name==version)")

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from fleetctl.errors import HostError, InputError
-from fleetctl.lockfile import FREEZE_EXCLUDED, Pin, parse_lock
+from fleetctl.lockfile import FREEZE_EXCLUDED, Pin, parse_lock, requirement_lines
 from fleetctl.transport.base import HostResult
 from fleetctl.transport.fleet import Fleet, HostContext
 
@@ -61,22 +61,7 @@ class CreateRequest:
 
 
 def parse_requirements(path: Path) -> tuple[Requirement, ...]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read requirements: {exc.strerror or exc}") from None
-    out = []
-    for number, raw in enumerate(lines, 1):
-        text = raw.split(" #", 1)[0].strip()
-        if not text or text.startswith("#"):
-            continue
-        if text.startswith("-"):
-            raise InputError(f"{path}:{number}: options like {text.split()[0]!r} are not supported here")
-        try:
-            out.append(Requirement(text))
-        except InvalidRequirement as exc:
-            raise InputError(f"{path}:{number}: not a requirement: {text!r} ({exc})") from None
-    return tuple(out)
+    return tuple(req for _number, _text, req in requirement_lines(path, "requirements file"))
 
 
 def local_wheels(folder: Path, pins: dict[str, Pin] | None) -> tuple[Wheel, ...]:

@@ -59,3 +59,18 @@ def sglang_lab(lab_fleet: LabHandle) -> LabHandle:
 
     install_layout(lab_fleet, LAYOUT)
     return lab_fleet
+
+
+# Stops the release service (by its pidfile) and removes every release and its state on a host.
+CLEAN_RELEASES = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+                  "rm -rf /opt/fleetctl /var/lib/fleetctl; true")
+
+
+@pytest.fixture(scope="module")
+def release_free_lab(sglang_lab: LabHandle) -> Iterator[LabHandle]:
+    """The sglang lab with no release on any host at the start and at the end; services stopped."""
+    for host in sglang_lab.hosts:
+        sglang_lab.ssh(host, CLEAN_RELEASES)
+    yield sglang_lab
+    for host in sglang_lab.hosts:
+        sglang_lab.ssh(host, CLEAN_RELEASES)

@@ -20,7 +20,6 @@ import yaml
 from cli_support import CliRun, run_cli
 from lab_support import LabHandle
 from sglang_support import ML_VENV, NEW_SGLANG, wheel
-from test_e2e_release import CLEAN
 
 from fleetctl.release.spec import load_spec
 
@@ -38,23 +37,13 @@ HOST_VARS = {"lab1": {"gpu_name": "NVIDIA H200", "triton_version": "3.4.0"},
 
 
 
-@pytest.fixture(scope="module")
-def kernels_lab(sglang_lab: LabHandle) -> Iterator[LabHandle]:
-    """No release on any host at the start and at the end; services stopped."""
-    for host in sglang_lab.hosts:
-        sglang_lab.ssh(host, CLEAN)
-    yield sglang_lab
-    for host in sglang_lab.hosts:
-        sglang_lab.ssh(host, CLEAN)
-
-
 @pytest.fixture
-def inventory(kernels_lab: LabHandle) -> Iterator[str]:
+def inventory(release_free_lab: LabHandle) -> Iterator[str]:
     """A copy of the lab inventory with gpu_name / triton_version host vars, beside the original."""
-    doc = yaml.safe_load(kernels_lab.inventory_path.read_text())
+    doc = yaml.safe_load(release_free_lab.inventory_path.read_text())
     for name, extra in HOST_VARS.items():
         doc["all"]["children"]["lab"]["hosts"][name].update(extra)
-    path = kernels_lab.dir / f"inventory-kernels-{os.getpid()}.yml"
+    path = release_free_lab.dir / f"inventory-kernels-{os.getpid()}.yml"
     path.write_text(yaml.safe_dump(doc))
     yield str(path)
     path.unlink(missing_ok=True)
@@ -172,8 +161,8 @@ def deploy(capsys: pytest.CaptureFixture[str], inventory: str, spec: Path) -> di
 
 
 def test_release_ships_merged_configs_drift_clean_and_rollback(
-        kernels_lab: LabHandle, inventory: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    lab = kernels_lab
+        release_free_lab: LabHandle, inventory: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = release_free_lab
     first, tuned1 = release(tmp_path, "one", 16)
     second, tuned2 = release(tmp_path, "two", 32)
     base_before = base_fingerprint(lab, "lab1")
@@ -205,13 +194,13 @@ def test_release_ships_merged_configs_drift_clean_and_rollback(
         check_service_env(lab, host)
 
 
-def test_release_refused_where_no_gpu_name_is_known(kernels_lab: LabHandle, tmp_path: Path,
+def test_release_refused_where_no_gpu_name_is_known(release_free_lab: LabHandle, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     spec, _ = release(tmp_path, "blind", 16)
-    before = kernels_lab.ssh("lab1", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout
-    r = cli(capsys, str(kernels_lab.inventory_path), "-l", "lab1", "deploy", str(spec), "--json")
+    before = release_free_lab.ssh("lab1", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout
+    r = cli(capsys, str(release_free_lab.inventory_path), "-l", "lab1", "deploy", str(spec), "--json")
     assert r.rc == 2
     assert r.json()["hosts"]["lab1"]["reason"] == ("kernels: no GPU name (nvidia-smi not found): set the host var "
                                                    "gpu_name; nothing changed")
-    assert kernels_lab.ssh("lab1", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout == before
+    assert release_free_lab.ssh("lab1", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout == before
 

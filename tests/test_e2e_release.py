@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,6 @@ pytestmark = pytest.mark.lab
 RELEASES = Path(__file__).resolve().parents[1] / "playbooks" / "releases"
 PLAIN = RELEASES / "sglang-0.5.23-lab.yml"
 DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
-CLEAN = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-         "rm -rf /opt/fleetctl /var/lib/fleetctl; true")
 
 
 def fingerprint(lab: LabHandle, host: str) -> str:
@@ -34,16 +31,6 @@ def fingerprint(lab: LabHandle, host: str) -> str:
     return lab.ssh(host, cmd).stdout.split()[0]
 
 
-@pytest.fixture(scope="module")
-def release_lab(sglang_lab: LabHandle) -> Iterator[LabHandle]:
-    """No release on any host at the start and at the end; services stopped."""
-    for host in sglang_lab.hosts:
-        sglang_lab.ssh(host, CLEAN)
-    yield sglang_lab
-    for host in sglang_lab.hosts:
-        sglang_lab.ssh(host, CLEAN)
-
-
 def cli(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str):  # type: ignore[no-untyped-def]
     return run_cli(capsys, "-i", str(lab.inventory_path), *args)
 
@@ -54,13 +41,13 @@ def server_info(lab: LabHandle, host: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_deploy_ddtree_then_roll_back(release_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+def test_deploy_ddtree_then_roll_back(release_free_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
     plain, ddtree = load_spec(PLAIN).release_id, load_spec(DDTREE).release_id
-    r = cli(capsys, release_lab, "-l", "lab1,lab3", "deploy", str(PLAIN), "--json")
+    r = cli(capsys, release_free_lab, "-l", "lab1,lab3", "deploy", str(PLAIN), "--json")
     assert r.rc == 0, r.out + r.err
-    before_lab2 = fingerprint(release_lab, "lab2")
+    before_lab2 = fingerprint(release_free_lab, "lab2")
 
-    r = cli(capsys, release_lab, "deploy", str(DDTREE), "--json")
+    r = cli(capsys, release_free_lab, "deploy", str(DDTREE), "--json")
     assert r.rc == 2  # lab2 runs sglang 0.5.9: refused
     hosts = r.json()["hosts"]
     for host in ("lab1", "lab3"):
@@ -71,17 +58,17 @@ def test_deploy_ddtree_then_roll_back(release_lab: LabHandle, capsys: pytest.Cap
     assert hosts["lab2"]["status"] == "failed"
     assert hosts["lab2"]["reason"] == (f"release {ddtree} needs sglang==0.5.23, /root/ml-env has 0.5.9; "
                                        "nothing changed")
-    assert fingerprint(release_lab, "lab2") == before_lab2
+    assert fingerprint(release_free_lab, "lab2") == before_lab2
 
     # What runs is what was deployed: the stand-in read DDTREE from the installed, patched spec_info.py.
-    info = server_info(release_lab, "lab1")["fleetctl_standin"]
+    info = server_info(release_free_lab, "lab1")["fleetctl_standin"]
     assert info["release"] == ddtree and "DDTREE" in info["spec_algorithms"]
-    sym = cli(capsys, release_lab, "-l", "lab1,lab3", "probe", "symbol", "SpeculativeAlgorithm.DDTREE",
+    sym = cli(capsys, release_free_lab, "-l", "lab1,lab3", "probe", "symbol", "SpeculativeAlgorithm.DDTREE",
               "--venv", "/opt/fleetctl/current/venv", "--expect", "present")
     assert sym.rc == 0, sym.out + sym.err
 
     # drift sees the patched files as patched by the release, and nothing else.
-    d = cli(capsys, release_lab, "-l", "lab1", "drift", "--venv", "/opt/fleetctl/current/venv", "--verify-files",
+    d = cli(capsys, release_free_lab, "-l", "lab1", "drift", "--venv", "/opt/fleetctl/current/venv", "--verify-files",
             "--skip", "unsatisfied", "--json")
     findings = d.json()["hosts"]["lab1"]["findings"]
     assert d.rc == 0, findings
@@ -89,23 +76,23 @@ def test_deploy_ddtree_then_roll_back(release_lab: LabHandle, capsys: pytest.Cap
     assert {f["detail"].split()[0].rsplit("/", 1)[1] for f in findings} == {
         "spec_info.py", "spec.py", "field_order.py", "ddtree_tree.py"}
 
-    rb = cli(capsys, release_lab, "-l", "lab1,lab3", "rollback", "--json")
+    rb = cli(capsys, release_free_lab, "-l", "lab1,lab3", "rollback", "--json")
     assert rb.rc == 0, rb.out + rb.err
     assert {h: v["value"]["to"] for h, v in rb.json()["hosts"].items()} == {"lab1": plain, "lab3": plain}
-    assert server_info(release_lab, "lab3")["fleetctl_standin"]["release"] == plain
-    st = cli(capsys, release_lab, "-l", "lab1,lab3", "status", "--json").json()["hosts"]
+    assert server_info(release_free_lab, "lab3")["fleetctl_standin"]["release"] == plain
+    st = cli(capsys, release_free_lab, "-l", "lab1,lab3", "status", "--json").json()["hosts"]
     assert {h: (v["value"]["current"], v["value"]["previous"], v["value"]["health"]) for h, v in st.items()} == {
         "lab1": (plain, ddtree, "200"), "lab3": (plain, ddtree, "200")}
     # by id, the same on every host: forward again without reinstalling
-    fwd = cli(capsys, release_lab, "-l", "lab1,lab3", "rollback", "--to", ddtree)
-    assert fwd.rc == 0 and server_info(release_lab, "lab1")["fleetctl_standin"]["release"] == ddtree
-    bad = cli(capsys, release_lab, "-l", "lab1", "rollback", "--to", "no-such-release", "--json")
+    fwd = cli(capsys, release_free_lab, "-l", "lab1,lab3", "rollback", "--to", ddtree)
+    assert fwd.rc == 0 and server_info(release_free_lab, "lab1")["fleetctl_standin"]["release"] == ddtree
+    bad = cli(capsys, release_free_lab, "-l", "lab1", "rollback", "--to", "no-such-release", "--json")
     assert bad.rc == 2 and "release no-such-release is not on this host" in bad.json()["hosts"]["lab1"]["reason"]
 
 
-def test_failing_health_gate_rolls_that_host_back(release_lab: LabHandle, tmp_path: Path,
+def test_failing_health_gate_rolls_that_host_back(release_free_lab: LabHandle, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    cli(capsys, release_lab, "-l", "lab1", "deploy", str(PLAIN))
+    cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(PLAIN))
     sick = tmp_path / "sick.yml"
     sick.write_text(textwrap.dedent("""\
         name: sick
@@ -116,44 +103,44 @@ def test_failing_health_gate_rolls_that_host_back(release_lab: LabHandle, tmp_pa
           args: [--standin-health-status, "503"]
         health: {timeout: 3, interval: 0.2}
         """))
-    r = cli(capsys, release_lab, "-l", "lab1", "deploy", str(sick), "--json")
+    r = cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(sick), "--json")
     assert r.rc == 2
     lab1 = r.json()["hosts"]["lab1"]
     assert lab1["value"]["outcome"] == "rolled-back"
     assert lab1["reason"].startswith("health gate failed: GET /health: not healthy within 3s (last: HTTP 503)")
     assert lab1["value"]["rollback_gates"][0]["ok"] is True
     plain = load_spec(PLAIN).release_id
-    assert server_info(release_lab, "lab1")["fleetctl_standin"]["release"] == plain
+    assert server_info(release_free_lab, "lab1")["fleetctl_standin"]["release"] == plain
 
 
-def test_second_concurrent_deploy_is_refused_by_the_lock(release_lab: LabHandle,
+def test_second_concurrent_deploy_is_refused_by_the_lock(release_free_lab: LabHandle,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    inv = load_inventory(release_lab.inventory_path)
+    inv = load_inventory(release_free_lab.inventory_path)
     with Fleet(inv, inv.select("lab3")) as holder:  # another run holding lab3's lock
         ctx = holder.contexts["lab3"]
         got = ctx.call("release_host", {"op": "lock", "root": "/opt/fleetctl", "state_dir": "/var/lib/fleetctl",
                                         "holder": {"user": "alice", "controller": "laptop", "pid": 4242,
                                                    "command": "fleetctl deploy other.yml"}})
         assert got == {"locked": True}
-        r = cli(capsys, release_lab, "-l", "lab1,lab3", "deploy", str(PLAIN), "--json")
+        r = cli(capsys, release_free_lab, "-l", "lab1,lab3", "deploy", str(PLAIN), "--json")
         hosts = r.json()["hosts"]
         assert r.rc == 2
         assert hosts["lab3"]["reason"] == ("locked by another run: alice@laptop pid 4242 "
                                            "(fleetctl deploy other.yml)")
         assert hosts["lab1"]["status"] == "ok"
     # the holder's run ended (its agent exited): the lock is gone with it
-    assert cli(capsys, release_lab, "-l", "lab3", "deploy", str(PLAIN)).rc == 0
+    assert cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(PLAIN)).rc == 0
 
 
-def test_check_mode_writes_nothing(release_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    before = fingerprint(release_lab, "lab3")
-    r = cli(capsys, release_lab, "-l", "lab3", "deploy", str(DDTREE), "--check", "--diff")
+def test_check_mode_writes_nothing(release_free_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    before = fingerprint(release_free_lab, "lab3")
+    r = cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(DDTREE), "--check", "--diff")
     assert r.rc == 0, r.err
     assert "would write:" in r.out and "+    DDTREE = auto()" in r.out
-    assert fingerprint(release_lab, "lab3") == before
+    assert fingerprint(release_free_lab, "lab3") == before
 
 
-def test_base_venv_from_a_lock_file_and_hard_linked_release(release_lab: LabHandle, tmp_path: Path,
+def test_base_venv_from_a_lock_file_and_hard_linked_release(release_free_lab: LabHandle, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     from sglang_support import NEW_SGLANG, wheel
 
@@ -173,13 +160,13 @@ def test_base_venv_from_a_lock_file_and_hard_linked_release(release_lab: LabHand
           args: [--speculative-algorithm, DFLASH]
         health: {{timeout: 30, interval: 0.2, probes: [{{symbol: SpeculativeAlgorithm.DFLASH}}]}}
         """))
-    r = cli(capsys, release_lab, "-l", "lab3", "deploy", str(spec), "--json")
+    r = cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(spec), "--json")
     assert r.rc == 0, r.out + r.err
     build = r.json()["hosts"]["lab3"]["value"]["build"]
     assert build["linked"] > 5000 and build["copied"] == 0  # base and release share /opt: hard links
     digest = load_spec(spec).base_lock_digest[:12]
-    assert release_lab.ssh("lab3", f"/opt/fleetctl/bases/{digest}/venv/bin/python -c "
+    assert release_free_lab.ssh("lab3", f"/opt/fleetctl/bases/{digest}/venv/bin/python -c "
                                    "'import importlib.metadata as m; print(m.version(\"sglang\"))'").stdout.strip() \
         == NEW_SGLANG
-    again = cli(capsys, release_lab, "-l", "lab3", "deploy", str(spec), "--json")
+    again = cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(spec), "--json")
     assert again.rc == 0 and again.json()["hosts"]["lab3"]["value"]["outcome"] == "unchanged"

@@ -57,7 +57,7 @@ def test_requirements_are_checked_against_their_specifiers(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("-r other.txt\n", "{p}:1: options like '-r' are not supported here"),
+    ("-r other.txt\n", "{p}:1: options like '-r' are not supported in a requirements file"),
     ("ok==1\nnot a req!\n", "{p}:2: not a requirement: 'not a req!'"),
 ])
 def test_bad_requirements_name_file_and_line(tmp_path: Path, text: str, message: str) -> None:
