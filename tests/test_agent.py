@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,3 +173,30 @@ def test_remote_includes_are_inlined(tmp_path: Path, monkeypatch: pytest.MonkeyP
             agent_mod.module_source("loop_a")
     finally:
         agent_mod.module_source.cache_clear()
+
+
+def _run_child(cache: Path, source: str) -> Any:
+    import json as _json
+
+    from fleetctl.remote import agent as remote_agent  # type: ignore[attr-defined]
+
+    req = {"module": "m", "source": source, "params": {}, "begin": "<<B>>", "end": "<<E>>", "hash": "h1",
+           "cache_dir": str(cache)}
+    out = subprocess.run(["/usr/bin/python3", "-c", remote_agent.CHILD_RUNNER], input=_json.dumps(req).encode(),
+                         capture_output=True, check=True).stdout.decode()
+    return _json.loads(out[out.rindex("<<B>>") + 5:out.rindex("<<E>>")])["result"]
+
+
+def test_child_code_cache_is_used_only_when_private(tmp_path: Path) -> None:
+    import marshal
+
+    cache = tmp_path / "code"
+    real = "def main(params):\n    return 'compiled'\n"
+    assert _run_child(cache, real) == "compiled"
+    cached = next(cache.glob("h1-cpython-*.code"))
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+    # the next call of the same hash loads the cached code instead of compiling the source
+    cached.write_bytes(marshal.dumps(compile("def main(params):\n    return 'cached'\n", "x", "exec")))
+    assert _run_child(cache, real) == "cached"
+    cache.chmod(0o777)  # a folder others can write is not trusted: its files would be executed
+    assert _run_child(cache, real) == "compiled"

@@ -15,18 +15,54 @@ import sys
 import traceback
 
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
+# Compiled code of modules run under another interpreter (a venv's python), private to this user.
+CODE_CACHE = ("/var/lib/fleetctl/cache/code" if os.geteuid() == 0
+              else os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", "code"))
 BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
 
 # Runs one module under another interpreter (a venv's python). stdout is kept for the
 # delimited answer alone: anything the module prints goes to stderr.
 CHILD_RUNNER = r"""
-import json, sys, traceback
+import json, marshal, os, sys, traceback
 req = json.loads(sys.stdin.read())
 out, sys.stdout = sys.stdout, sys.stderr
+
+
+def private(folder):
+    st = os.stat(folder)
+    return st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def code():
+    # Compiled code is cached by source hash and interpreter (a content address): the next call
+    # of the same module under the same python skips compiling. Only a folder private to us is
+    # trusted, since its files are executed.
+    folder, key = req.get("cache_dir"), req.get("hash")
+    path = os.path.join(folder, "%s-%s.code" % (key, sys.implementation.cache_tag)) if folder and key else None
+    try:
+        if path and os.path.isdir(folder) and private(folder):
+            with open(path, "rb") as handle:
+                return marshal.loads(handle.read())
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    compiled = compile(req["source"], "<fleetctl-remote:%s>" % req["module"], "exec")
+    try:
+        if path:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if private(folder):
+                tmp = "%s.%d" % (path, os.getpid())
+                with open(tmp, "wb") as handle:
+                    handle.write(marshal.dumps(compiled))
+                os.rename(tmp, path)
+    except OSError:
+        pass
+    return compiled
+
+
 try:
     ns = {"__name__": "fleetctl_remote_" + req["module"]}
-    exec(compile(req["source"], "<fleetctl-remote:%s>" % req["module"], "exec"), ns)
+    exec(code(), ns)
     res = {"ok": True, "result": ns["main"](req["params"])}
 except BaseException as e:
     res = {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
@@ -72,18 +108,20 @@ class Agent(object):
         entry = self.load(req)
         python = req.get("python")
         if python:
-            return self.call_child(python, entry[0], entry[1], req.get("params") or {}, req.get("timeout"))
+            return self.call_child(python, entry[0], entry[1], req["hash"], req.get("params") or {},
+                                   req.get("timeout"))
         if entry[2] is None:
             ns = {"__name__": "fleetctl_remote_" + entry[0]}
             exec(compile(entry[1], "<fleetctl-remote:%s>" % entry[0], "exec"), ns)
             entry[2] = ns
         return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}
 
-    def call_child(self, python, module, source, params, timeout):
+    def call_child(self, python, module, source, digest, params, timeout):
         if not os.path.exists(python):
             return {"ok": False, "error": {"type": "InterpreterNotFound",
                                            "message": "no python at %s" % python, "traceback": ""}}
-        payload = json.dumps({"module": module, "source": source, "params": params, "begin": BEGIN, "end": END})
+        payload = json.dumps({"module": module, "source": source, "params": params, "begin": BEGIN, "end": END,
+                              "hash": digest, "cache_dir": CODE_CACHE})
         proc = subprocess.run([python, "-c", CHILD_RUNNER], input=payload.encode("utf-8"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
         text = proc.stdout.decode("utf-8", "replace")
