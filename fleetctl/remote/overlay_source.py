@@ -47,19 +47,6 @@ def dist_infos(site):
     return out
 
 
-def dist_name(folder, entry):
-    try:
-        with open(os.path.join(folder, "METADATA"), "r", encoding="utf-8", errors="replace") as handle:
-            msg = email.parser.HeaderParser().parsestr(handle.read())
-        if msg.get("Name"):
-            return msg.get("Name"), msg.get("Version") or "?"
-    except (IOError, OSError):
-        pass
-    stem = entry[: -len(".dist-info")]
-    name, _, version = stem.partition("-")
-    return name, version or "?"
-
-
 def wheel_tags(folder):
     try:
         with open(os.path.join(folder, "WHEEL"), "r", encoding="utf-8", errors="replace") as handle:

@@ -36,18 +36,6 @@ STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 PYC_TAG = re.compile(r"^[a-z]+-\d+(\.opt-\d+)?\.pyc$")  # "cpython-311.pyc", "cpython-311.opt-1.pyc"
 
 
-def dist_name(folder, entry):
-    try:
-        with open(os.path.join(folder, "METADATA"), "r", encoding="utf-8", errors="replace") as handle:
-            msg = email.parser.HeaderParser().parsestr(handle.read())
-        if msg.get("Name"):
-            return msg.get("Name"), msg.get("Version") or "?"
-    except (IOError, OSError):
-        pass
-    name, _, version = entry[: -len(".dist-info")].partition("-")  # a half-removed dist-info
-    return name, version or "?"
-
-
 def listing(params):
     """Each dist-info of `names`; `match` when it is the source's dist-info and the tree hash over
     the files its RECORD lists equals the source's (then its file list is left out)."""

@@ -142,22 +142,7 @@ def read_json(path):
 
 
 def write_json(path, data, mode=0o644):
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), mode)
-
-
-def write_atomic(path, data, mode=0o644):
-    """A new file renamed into place: readers see the old or the new content, never a mix."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), mode)
 
 
 # --- state --------------------------------------------------------------------------------------
@@ -218,7 +203,7 @@ def op_build(params):
             continue
         data = text.encode("utf-8")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, data, file_mode(path))
+        atomic_write(path, data, file_mode(path))
         manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
     write_host_files(tmp, params)
     if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
@@ -231,8 +216,8 @@ def op_build(params):
 def write_host_files(folder, params):
     """The service's files in a release folder: service.json, the stand-in, service.env (0600)."""
     for name, text in (params.get("extra_files") or {}).items():
-        write_atomic(safe_join(folder, name), text.encode("utf-8"), 0o644)
-    write_atomic(os.path.join(folder, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
+        atomic_write(safe_join(folder, name), text.encode("utf-8"), 0o644)
+    atomic_write(os.path.join(folder, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
 
 
 def write_kernel_files(folder, files):

@@ -58,7 +58,12 @@ def atomic_write(path, data, mode=None, mtime=None):
     if folder and not os.path.isdir(folder):
         os.makedirs(folder)
     tmp = temp_name(path)
-    with open(tmp, "wb") as handle:
+    # Created with its final mode (umask applies when none is given, as open() does): a 0600 file
+    # such as service.env is never readable by others, even briefly.
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a leftover of an interrupted write: never reuse its (maybe wider) mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode & 0o7777)
+    with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     if mode is not None:
         os.chmod(tmp, mode & 0o7777)

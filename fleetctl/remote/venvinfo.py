@@ -1,5 +1,6 @@
 # Host-side helpers about the running interpreter, shared (through `# fleetctl-include: venvinfo`)
 # by the overlay's source and target modules. Stdlib only, Python >= 3.8.
+import email.parser
 import os
 import re
 import sys
@@ -20,3 +21,17 @@ def interpreter():
         "prefix": os.path.normpath(sys.prefix),
         "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
     }
+
+
+def dist_name(folder, entry):
+    """(name, version) of a dist-info folder from its METADATA, else from the folder's own name
+    (a half-removed dist-info may have lost its METADATA)."""
+    try:
+        with open(os.path.join(folder, "METADATA"), "r", encoding="utf-8", errors="replace") as handle:
+            msg = email.parser.HeaderParser().parsestr(handle.read())
+        if msg.get("Name"):
+            return msg.get("Name"), msg.get("Version") or "?"
+    except (IOError, OSError):
+        pass
+    name, _, version = entry[: -len(".dist-info")].partition("-")
+    return name, version or "?"
