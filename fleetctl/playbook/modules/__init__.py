@@ -1,0 +1,15 @@
+"""Every playbook module, registered in ``base.MODULES`` by importing its file."""
+
+from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the modules)
+    command,
+    drift,
+    files,
+    kernels,
+    probe,
+    release,
+    service,
+    venv,
+)
+from fleetctl.playbook.modules.base import MODULES, Module, ModuleContext, RunServices, TaskResult
+
+__all__ = ["MODULES", "Module", "ModuleContext", "RunServices", "TaskResult"]

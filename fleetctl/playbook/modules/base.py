@@ -1,0 +1,125 @@
+"""What a playbook module is: a pydantic model of its arguments and a function run once per host.
+
+Modules are thin: each calls the core that the matching command uses (release, probes, drift,
+venv, kernels, ...). The runner renders the task's arguments with Jinja2, validates them with the
+module's model, and calls ``fn(mc, args)`` on every host of the batch in parallel. A module
+reports what it did (``changed``), what it would do in check mode (``mc.check``: change nothing,
+say what would change, with a text diff when ``mc.diff``), or that it failed (``failed`` and a
+one-line ``msg``). Raising ``FleetError`` is also a failure on that host; a lost connection
+(``ConnectError``) makes the host unreachable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from fleetctl.inventory import Inventory
+    from fleetctl.transport.fleet import HostContext, RunSettings
+
+
+class Args(BaseModel):
+    """Base of every module's argument model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+@dataclass
+class TaskResult:
+    """One task on one host. ``data`` is what ``register`` exposes besides changed/failed/msg."""
+
+    changed: bool = False
+    failed: bool = False
+    skipped: bool = False
+    msg: str = ""
+    diff: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    rolled_back: bool = False  # the host went back to its previous release (a gate failed)
+    release: str | None = None  # the release id now current on the host, when the module changed it
+
+    def as_var(self) -> dict[str, Any]:
+        return {**self.data, "changed": self.changed, "failed": self.failed, "skipped": self.skipped,
+                "msg": self.msg, "rolled_back": self.rolled_back}
+
+
+class RunServices:
+    """What every module may use besides its own host: other hosts' sessions (a golden host, an
+    overlay source), the deploy lock's holder, the template renderer, a per-run memo."""
+
+    def __init__(self, inventory: Inventory, settings: RunSettings, holder: dict[str, Any],
+                 render: Callable[[str, dict[str, Any]], str], evaluate: Callable[[str, dict[str, Any]], Any],
+                 sessions: dict[str, HostContext]) -> None:
+        self.inventory = inventory
+        self.settings = settings
+        self.holder = holder
+        self.render = render  # render(template_text, vars) -> str, Jinja2 with StrictUndefined
+        self.evaluate = evaluate  # evaluate("x.rc == 0", vars) -> value of a Jinja2 expression
+        self._sessions = sessions
+        self._lock = threading.Lock()
+        self.memo: dict[Any, Any] = {}
+        self.memo_lock = threading.Lock()
+
+    def session(self, name: str) -> HostContext:
+        """The run's session of any inventory host (opened once, shared with the plays)."""
+        from fleetctl.errors import InputError
+        from fleetctl.transport.fleet import HostContext, make_connector
+
+        with self._lock:
+            if name not in self._sessions:
+                host = self.inventory.hosts.get(name)
+                if host is None:
+                    raise InputError(f"host {name!r} is not in the inventory")
+                self._sessions[name] = HostContext(host, make_connector(self.inventory, host, self.settings),
+                                                   self.settings)
+            return self._sessions[name]
+
+
+@dataclass
+class ModuleContext:
+    session: HostContext
+    vars: dict[str, Any]  # the host's variables as templates see them (read-only)
+    check: bool
+    diff: bool
+    base_dir: Path  # the playbook's folder: relative paths in arguments resolve against it
+    run: RunServices
+
+    @property
+    def host(self) -> str:
+        return self.session.name
+
+    def path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+
+A = TypeVar("A", bound=Args)
+ModuleFn = Callable[[ModuleContext, Any], TaskResult]
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    args: type[Args]
+    fn: ModuleFn
+    free_form: str | None = None  # the argument a bare string sets: ``shell: "uptime"`` -> cmd
+    doc: str = ""
+
+
+MODULES: dict[str, Module] = {}
+
+
+def module(name: str, args: type[A], free_form: str | None = None) -> Callable[[Callable[[ModuleContext, A],
+                                                                                        TaskResult]], Any]:
+    """Register ``fn`` as the module ``name`` (its docstring is the module's help)."""
+
+    def register(fn: Callable[[ModuleContext, A], TaskResult]) -> Callable[[ModuleContext, A], TaskResult]:
+        MODULES[name] = Module(name, args, fn, free_form, (fn.__doc__ or "").strip())
+        return fn
+
+    return register

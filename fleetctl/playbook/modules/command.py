@@ -1,0 +1,1 @@
+"""Playbook module(s): command."""
