@@ -96,19 +96,29 @@ def load(path: Path, what: str) -> YamlDoc:
 
 def validate(doc: YamlDoc, model: type[M], what: str) -> M:
     """``model`` (a pydantic model) from the document; the first error names file:line and key."""
+    return validate_at(doc, (), doc.data, model, what)
+
+
+def validate_at(doc: YamlDoc, at: tuple[Any, ...], data: Any, model: type[M], what: str) -> M:
+    """``model`` from the part of the document at ``at`` (a path of keys and indexes)."""
     from pydantic import ValidationError
 
-    if not isinstance(doc.data, Mapping):
-        raise doc.error((), f"a {what} must be a mapping of keys, got {type(doc.data).__name__}")
+    if not isinstance(data, Mapping):
+        raise doc.error(at, f"a {what} must be a mapping of keys, got {type(data).__name__}")
     try:
-        return model.model_validate(doc.data)  # type: ignore[attr-defined]
+        return model.model_validate(data)  # type: ignore[attr-defined]
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
-        message = first["msg"]
-        if first["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif first["type"] == "missing":
-            message = "required key missing"
-        raise doc.error(loc, f"{key}: {message}") from None
+        raise first_error(doc, at, exc) from None
+
+
+def first_error(doc: YamlDoc, at: tuple[Any, ...], exc: Any, prefix: str = "") -> InputError:
+    """The first pydantic error of ``exc`` as one line naming file:line and the key."""
+    first = exc.errors()[0]
+    loc = tuple(first["loc"])
+    key = prefix + (".".join(str(p) for p in loc) or "(top level)")
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif first["type"] == "missing":
+        message = "required key missing"
+    return doc.error(at + loc, f"{key}: {message}")

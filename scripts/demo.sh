@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on a lab fleet of 4 real sshd hosts, end to end: provision venvs from the real
-# sglang wheels, audit, deploy the DDTree release canary-first, probe, audit again, roll back.
+# The main job on a lab fleet of 4 real sshd hosts, end to end, driven by the playbooks in
+# playbooks/: provision from the real sglang wheels, audit, roll the DDTree release out
+# canary-first, audit again, roll back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 F=.venv/bin/fleetctl
@@ -26,34 +27,32 @@ for v in 0.5.23 0.5.9; do
 done
 ls -1 "$DEMO/wheelhouse"
 
-step "Provision: a venv from a lock file, installed offline from the wheelhouse" \
-  f -l 'lab:!lab4' venv create --venv /root/ml-env --lock "$DEMO/sglang-0.5.23.lock" --wheelhouse "$DEMO/wheelhouse"
-step "lab4 is an older host: it still runs sglang 0.5.9" \
-  f -l lab4 venv create --venv /root/ml-env --lock "$DEMO/sglang-0.5.9.lock" --wheelhouse "$DEMO/wheelhouse"
-step "Facts: OS, CPUs, memory, disks, GPUs, the venv's ML stack" f facts --venv /root/ml-env
+P=playbooks
+step "Provision (playbook): GPU baseline from facts, then the base venv exactly from a lock, offline" \
+  f -l 'lab:!lab4' run $P/provision.yml -e target=lab -e base_lock="$PWD/$DEMO/sglang-0.5.23.lock" \
+    -e wheelhouse="$PWD/$DEMO/wheelhouse"
+step "lab4 is an older host: provisioned with sglang 0.5.9" \
+  f -l lab4 run $P/provision.yml -e target=lab -e base_lock="$PWD/$DEMO/sglang-0.5.9.lock" \
+    -e wheelhouse="$PWD/$DEMO/wheelhouse"
 step "Drift audit: lab4 stands out (venvs installed with --no-deps: unsatisfied requirements skipped)" \
   f drift --venv /root/ml-env --skip unsatisfied
 step "Probe: where is SpeculativeAlgorithm.DFLASH defined? (not on lab4's older sglang)" \
   f probe symbol SpeculativeAlgorithm.DFLASH --venv /root/ml-env --expect present
-
-R=playbooks/releases
-step "Deploy the plain release everywhere it fits (lab4 is refused: another sglang; nothing changed there)" \
-  f deploy $R/sglang-0.5.23-lab.yml
-step "Bring lab4 level: overlay sglang from lab1's venv the way an installer would (plan first)" \
+step "Bring lab4 level: overlay sglang from lab1's venv the way an installer would" \
   f -l lab1,lab4 venv overlay --from lab1 --venv /root/ml-env
 step "Drift again: no difference left" f drift --venv /root/ml-env --skip unsatisfied --verify-files
-step "lab4 gets the plain release too" f -l lab4 deploy $R/sglang-0.5.23-lab.yml
-step "Plan the DDTree release: patches applied in memory to each host's own files, nothing written" \
-  f deploy $R/ddtree-sglang-0.5.23-lab.yml --check
-step "Canary: the DDTree release on lab1 only, with health gates" \
-  f -l lab1 deploy $R/ddtree-sglang-0.5.23-lab.yml
-step "The rest of the fleet" f -l 'lab:!lab1' deploy $R/ddtree-sglang-0.5.23-lab.yml
-step "Probe: DDTREE is defined in every running release" \
-  f probe symbol SpeculativeAlgorithm.DDTREE --venv /opt/fleetctl/current/venv --expect present
-step "The services answer, from the release that runs" \
-  f probe http /server_info --field fleetctl_standin.release --field internal_states.0.avg_spec_accept_length
-step "Drift of the running release: the patched files are reported as patched, nothing else" \
-  f -l lab1 drift --venv /opt/fleetctl/current/venv --verify-files --skip unsatisfied
-step "Roll back in one step: switch + restart, nothing reinstalled" f rollback
+
+R=playbooks/releases
+step "The release every host runs today (the one a rollback returns to)" f deploy $R/sglang-0.5.23-lab.yml
+DEPLOY=(run $P/deploy-ddtree.yml -e target=lab -e release_spec=releases/ddtree-sglang-0.5.23-lab.yml)
+step "Plan the DDTree rollout: patches applied in memory to each host's own files, nothing written" \
+  f "${DEPLOY[@]}" --check
+step "Roll out DDTree canary-first: lab1, then 50%, then the rest; any failure rolls every host back" \
+  f "${DEPLOY[@]}"
+step "Audit (playbook, read-only): facts, drift against the golden host, probes of the running release" \
+  f run $P/audit.yml -e target=lab -e golden_host=lab1
+step "Roll back in one step per host: switch + restart, nothing reinstalled" \
+  f run $P/rollback.yml -e target=lab
 step "Status: current and previous release, service and health per host" f status
+step "Every run is journaled beside the inventory" f runs list
 printf '\nThe lab stays up for you to try: fleetctl -i %s ...   (fleetctl lab down stops it)\n' "$INV"

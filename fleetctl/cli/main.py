@@ -21,6 +21,7 @@ from fleetctl.cli.kernels import kernels
 from fleetctl.cli.lab import lab
 from fleetctl.cli.probe import probe
 from fleetctl.cli.release import deploy, releases, rollback, status
+from fleetctl.cli.run import run, runs
 from fleetctl.cli.venv import venv
 from fleetctl.errors import ExitCode, FleetError
 
@@ -49,7 +50,8 @@ def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks
     ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
 
 
-for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, kernels, lab):
+for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, run, runs, kernels,
+                lab):
     cli.add_command(command)
 
 

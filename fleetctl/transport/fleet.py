@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,12 +129,13 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def map(self, fn: Callable[[HostContext], T]) -> dict[str, HostResult[T]]:
-        names = sorted(self.contexts)
-        workers = max(1, min(self.settings.forks, len(names)))
+    def map(self, fn: Callable[[HostContext], T], names: Iterable[str] | None = None) -> dict[str, HostResult[T]]:
+        """``fn`` on every host (or on ``names``, in that order), in parallel."""
+        order = sorted(self.contexts) if names is None else list(names)
+        workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
-            results = list(pool.map(lambda n: self._one(self.contexts[n], fn), names))
-        return dict(zip(names, results, strict=True))
+            results = list(pool.map(lambda n: self._one(self.contexts[n], fn), order))
+        return dict(zip(order, results, strict=True))
 
     def _one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
         if ctx.unreachable:

@@ -42,6 +42,7 @@ class TaskResult:
     data: dict[str, Any] = field(default_factory=dict)
     rolled_back: bool = False  # the host went back to its previous release (a gate failed)
     release: str | None = None  # the release id now current on the host, when the module changed it
+    set_vars: dict[str, Any] = field(default_factory=dict)  # host variables the module sets (facts)
 
     def as_var(self) -> dict[str, Any]:
         return {**self.data, "changed": self.changed, "failed": self.failed, "skipped": self.skipped,

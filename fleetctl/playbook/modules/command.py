@@ -1,1 +1,81 @@
-"""Playbook module(s): command."""
+"""``shell`` (a command line on the host), ``assert`` (conditions on variables) and ``fail``."""
+
+from __future__ import annotations
+
+import shlex
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
+
+OUTPUT_KEEP = 64 * 1024  # what a registered result keeps of stdout/stderr (the tail)
+
+
+class ShellArgs(Args):
+    cmd: str
+    chdir: str | None = None
+    creates: str | None = None  # skip when this path exists on the host (idempotence, as Ansible)
+    timeout: float | None = Field(default=None, gt=0)
+
+
+@module("shell", ShellArgs, free_form="cmd")
+def shell(mc: ModuleContext, args: ShellArgs) -> TaskResult:
+    """Run a command line with the host's shell. Check mode runs nothing (skipped), as Ansible."""
+    if args.creates:
+        probe = mc.session.run(f"test -e {shlex.quote(args.creates)}", timeout=30)
+        if probe.rc == 0:
+            return TaskResult(skipped=True, msg=f"{args.creates} exists")
+    if mc.check:
+        return TaskResult(skipped=True, msg="check mode: shell commands are not run")
+    command = f"cd {shlex.quote(args.chdir)} && {args.cmd}" if args.chdir else args.cmd
+    res = mc.session.run(command, timeout=args.timeout)
+    data = {"rc": res.rc, "stdout": res.stdout[-OUTPUT_KEEP:], "stderr": res.stderr[-OUTPUT_KEEP:],
+            "duration_s": round(res.duration_s, 3)}
+    if res.rc != 0:
+        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
+        return TaskResult(changed=True, failed=True, msg=f"exit {res.rc}: {tail[0][:300]}", data=data)
+    return TaskResult(changed=True, msg=res.stdout.strip().splitlines()[-1][:200] if res.stdout.strip() else "",
+                      data=data)
+
+
+class AssertArgs(Args):
+    expressions: ClassVar[tuple[str, ...]] = ("that",)  # checked as Jinja2 expressions when the playbook loads
+
+    that: list[str | bool]
+    fail_msg: str | None = None
+    success_msg: str | None = None
+    msg: str | None = None  # an alias of fail_msg, as Ansible
+
+    @field_validator("that", mode="before")
+    @classmethod
+    def _one(cls, value: object) -> object:
+        return [value] if isinstance(value, str | bool) else value
+
+
+@module("assert", AssertArgs, free_form="that")
+def assert_(mc: ModuleContext, args: AssertArgs) -> TaskResult:
+    """Every condition must hold on the host; the first that does not fails it, with the message."""
+    for cond in args.that:
+        value = mc.run.evaluate(cond, mc.vars) if isinstance(cond, str) else cond
+        if not _truthy(value):
+            why = args.fail_msg or args.msg
+            return TaskResult(failed=True, msg=f"{why} (failed: {cond})" if why else f"assertion failed: {cond}",
+                              data={"assertion": cond})
+    return TaskResult(msg=args.success_msg or "all assertions passed")
+
+
+class FailArgs(Args):
+    msg: str = "failed as requested"
+
+
+@module("fail", FailArgs, free_form="msg")
+def fail(mc: ModuleContext, args: FailArgs) -> TaskResult:
+    """Fail the host with a message (use with ``when``)."""
+    return TaskResult(failed=True, msg=args.msg)
+
+
+def _truthy(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y")
+    return bool(value)

@@ -1,1 +1,95 @@
-"""Playbook module(s): release."""
+"""``release``: deploy a release spec (build, atomic switch, restart, health gates, automatic
+rollback on the host when a gate fails), or roll back to a release already on the host."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
+from fleetctl.transport.base import HostSession
+
+
+class ReleaseArgs(Args):
+    spec: str | None = None  # a release spec file, relative to the playbook
+    state: Literal["deployed", "rolled_back"] = "deployed"
+    to: str | None = None  # rolled_back: the release id (default: the host's previous release)
+    timeout: float = Field(default=300.0, gt=0)  # rolled_back: seconds to wait for /health
+
+    @model_validator(mode="after")
+    def _spec_for_deploy(self) -> ReleaseArgs:
+        if self.state == "deployed" and not self.spec:
+            raise ValueError("state deployed needs `spec` (a release spec file)")
+        return self
+
+
+def current_release(session: HostSession) -> str | None:
+    """The release id ``current`` points at on the host (None: no release yet)."""
+    from fleetctl.release.service import layout_for
+
+    state = session.call("release_host", {"op": "state", **layout_for(session.vars).params()})
+    current = state.get("current")
+    return str(current) if current else None
+
+
+@module("release", ReleaseArgs, free_form="spec")
+def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
+    """Deploy ``spec`` (check mode: the plan and the patched files' diffs, nothing written), or with
+    ``state: rolled_back`` switch back to ``to`` / the previous release and restart."""
+    if args.state == "rolled_back":
+        return _rollback(mc, args)
+    from fleetctl.release import deploy as core
+
+    assert args.spec is not None
+    spec, loaded = _load(mc, args.spec)
+    result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder)
+    data: dict[str, Any] = {k: v for k, v in result.to_dict().items() if k != "diffs"}
+    if mc.check:
+        changed = result.previous != spec.release_id
+        diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
+        return TaskResult(changed=changed, msg=f"would deploy {spec.release_id}" if changed else "unchanged",
+                          diff=diff, data=data)
+    if result.outcome == "unchanged":
+        return TaskResult(msg=f"{spec.release_id} already current and running", data=data,
+                          release=spec.release_id)
+    if result.outcome == "deployed":
+        return TaskResult(changed=True, msg=f"deployed {spec.release_id} (was {result.previous or 'none'})",
+                          data=data, release=spec.release_id)
+    gate = result.failed_gate()
+    why = f"health gate failed: {gate.name}: {gate.detail}" if gate else result.outcome
+    if result.outcome == "rolled-back":
+        return TaskResult(changed=True, failed=True, rolled_back=True, data=data, release=result.previous,
+                          msg=f"{why}; rolled back to {result.previous}")
+    return TaskResult(changed=True, failed=True, data=data, msg=f"{why}; no previous release: service stopped")
+
+
+def _load(mc: ModuleContext, spec_path: str) -> tuple[Any, Any]:
+    """The spec and its parsed patches, once per run (every host of every batch shares them)."""
+    from fleetctl.release import deploy as core
+    from fleetctl.release.spec import load_spec
+
+    path = mc.path(spec_path).resolve()
+    with mc.run.memo_lock:
+        key = ("release-spec", str(path))
+        if key not in mc.run.memo:
+            spec = load_spec(path)
+            mc.run.memo[key] = (spec, core.load_patches(spec))
+        return mc.run.memo[key]
+
+
+def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
+    from fleetctl.release.manage import rollback_host
+
+    if mc.check:
+        current = current_release(mc.session)
+        return TaskResult(changed=current != args.to if args.to else True,
+                          msg=f"would roll back from {current} to {args.to or 'the previous release'}")
+    out = rollback_host(mc.session, args.to, args.timeout, mc.run.holder)
+    data = out.to_dict()
+    if not out.ok:
+        return TaskResult(changed=True, failed=True, data=data, release=out.to_id,
+                          msg="rolled back but: " + "; ".join(f"{g.name}: {g.detail}" for g in out.gates if not g.ok))
+    changed = out.outcome == "rolled-back"
+    return TaskResult(changed=changed, data=data, release=out.to_id,
+                      msg=f"{out.from_id} -> {out.to_id}" if changed else f"{out.to_id} already current")

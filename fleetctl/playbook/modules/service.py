@@ -1,1 +1,78 @@
-"""Playbook module(s): service."""
+"""``service`` (the release's service: started, stopped, restarted, status), ``wait_http`` and
+``facts`` (sets the host variable ``facts``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field
+
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
+
+
+class ServiceArgs(Args):
+    state: Literal["started", "stopped", "restarted", "status"] = "status"
+
+
+@module("service", ServiceArgs, free_form="state")
+def service(mc: ModuleContext, args: ServiceArgs) -> TaskResult:
+    """The inference service of the current release (systemd unit or fleetctl's supervisor)."""
+    from fleetctl.release.service import control, layout_for
+
+    layout = layout_for(mc.session.vars)
+    status = mc.session.call("service_host", control(layout, "status"))
+    running = bool(status.get("running"))
+    data = {"running": running, "manager": status.get("manager")}
+    op = {"started": None if running else "start", "stopped": "stop" if running else None,
+          "restarted": "restart", "status": None}[args.state]
+    if op is None:
+        return TaskResult(msg="running" if running else "stopped", data=data)
+    if mc.check:
+        return TaskResult(changed=True, msg=f"would {op}", data=data)
+    answer = mc.session.call("service_host", control(layout, op))
+    data["running"] = bool(answer.get("running"))
+    return TaskResult(changed=True, msg=f"{op}ed" if op != "stop" else "stopped", data=data)
+
+
+class WaitHttpArgs(Args):
+    path: str = "/health"
+    port: int | None = None  # default: the host's service_port, else 30000
+    status: int = 200
+    timeout: float = Field(default=60.0, gt=0)
+    interval: float = Field(default=1.0, gt=0)
+
+
+@module("wait_http", WaitHttpArgs, free_form="path")
+def wait_http(mc: ModuleContext, args: WaitHttpArgs) -> TaskResult:
+    """GET ``path`` on the host's service from the host itself until it answers ``status``."""
+    from fleetctl.probes.http import HttpRequest, probe_http
+
+    start = time.monotonic()
+    last = "no answer"
+    while True:
+        answer = probe_http(mc.session, HttpRequest(args.path, port=args.port, timeout=min(10.0, args.timeout)))
+        waited = round(time.monotonic() - start, 2)
+        if answer.status == args.status:
+            return TaskResult(msg=f"{args.path}: {answer.status} after {waited:g}s",
+                              data={"status": answer.status, "waited_s": waited, "json": answer.body})
+        last = answer.got
+        if time.monotonic() - start + args.interval > args.timeout:
+            return TaskResult(failed=True, msg=f"{args.path}: no {args.status} within {args.timeout:g}s "
+                                               f"(last: {last})", data={"status": answer.status, "waited_s": waited})
+        time.sleep(args.interval)
+
+
+class FactsArgs(Args):
+    venv: str | None = None  # default: the host's `venv` var
+
+
+@module("facts", FactsArgs)
+def facts(mc: ModuleContext, args: FactsArgs) -> TaskResult:
+    """Gather the host's facts (OS, CPUs, memory, disks, GPUs, the venv's ML stack) into ``facts``."""
+    from fleetctl.facts import collect_facts
+
+    found = collect_facts(mc.session, args.venv or mc.session.vars.get("venv")).to_dict()
+    gpus = found.get("gpus") or {}
+    summary = f"{found.get('os') or '?'}, {found.get('cpus')} CPUs, {len(gpus.get('gpus') or [])} GPUs"
+    return TaskResult(msg=summary, data={"facts": found}, set_vars={"facts": found})

@@ -1,0 +1,270 @@
+"""``fleetctl run PLAYBOOK`` (plays, rollout in batches, budgets, rollback, journal) and
+``fleetctl runs list|show`` (the journals of earlier runs)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from fleetctl import render
+from fleetctl.cli.context import AppContext
+from fleetctl.cli.options import host_options, parse_extra_vars
+
+
+def _split(values: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(t.strip() for v in values for t in v.split(",") if t.strip())
+
+
+@click.command(name="run")
+@click.argument("playbook_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-e", "--extra-vars", "extra_vars", multiple=True, metavar="KEY=VALUE|@FILE",
+              callback=parse_extra_vars, help="Variables that override every other (inventory, play vars).")
+@click.option("--check", is_flag=True, help="Ask every module what it would change; change nothing.")
+@click.option("--diff", "show_diff", is_flag=True, help="Show the text diffs of what changes (or would).")
+@click.option("--tags", multiple=True, metavar="TAG[,TAG]", help="Only tasks with one of these tags (and 'always').")
+@click.option("--skip-tags", multiple=True, metavar="TAG[,TAG]", help="Leave out tasks with these tags.")
+@click.option("--start-at-task", metavar="NAME", help="Start at the first task of this name.")
+@click.option("--resume", "resume", metavar="RUN_ID", help="Go on with a halted or interrupted run: "
+              "hosts that finished it are skipped; rollbacks still go to what ran before it first started.")
+@click.option("--rollback-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds a rollback (on_failure) waits for /health on each host.")
+@host_options
+@click.pass_obj
+def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check: bool, show_diff: bool,
+        tags: tuple[str, ...], skip_tags: tuple[str, ...], start_at_task: str | None, resume: str | None,
+        rollback_timeout: float) -> int:
+    """Run PLAYBOOK: each play's hosts in `serial` batches (the first is the canary), failure budgets,
+    `on_failure` rollback, a journal in .fleetctl/runs/ beside the inventory."""
+    from fleetctl.errors import InputError
+    from fleetctl.playbook import journal as jr
+    from fleetctl.playbook.runner import Runner, RunOptions
+    from fleetctl.playbook.schema import load_playbook
+    from fleetctl.transport.fleet import RunSettings
+
+    app.extra_vars.update(extra_vars)
+    playbook = load_playbook(playbook_path)
+    inventory = app.inventory
+    folder = jr.runs_dir(inventory.path)
+    redact = jr.Redactor.for_hosts([h.vars for h in inventory.hosts.values()], app.extra_vars)
+    events = None
+    if resume:
+        events = jr.read_events(jr.find_run(folder, resume))
+        first = next((e for e in events if e.get("event") == "run_start"), {})
+        if first.get("playbook") and Path(first["playbook"]).resolve() != playbook_path.resolve():
+            raise InputError(f"run {resume} ran {first['playbook']}, not {playbook_path}")
+        journal = jr.Journal.reopen(folder, resume, redact)
+    else:
+        journal = jr.Journal.create(folder, playbook_path, redact)
+    command = " ".join(["fleetctl run", str(playbook_path), *(["--check"] if check else [])])
+    options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
+                         start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
+                         resume_events=events, rollback_timeout=rollback_timeout, command=command)
+    printer = Printer(app.json, show_diff)
+    runner = Runner(inventory, playbook, options, RunSettings(forks=app.forks, command_timeout=app.timeout),
+                    journal, printer.on_event)
+    previous = _install_interrupt(runner, printer)
+    try:
+        with printer:
+            code = runner.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        journal.close()
+    if app.json:
+        render.emit_json({"run_id": journal.run_id, "journal": str(journal.path), "status": runner.status,
+                          "exit_code": code, "recap": {h: dict(c) for h, c in runner.recap.items()},
+                          "results": runner.results})
+    else:
+        printer.recap(runner.recap, runner.status, journal.run_id, journal.path)
+    return code
+
+
+def _install_interrupt(runner: Any, printer: Printer) -> Any:
+    """First Ctrl-C: finish the tasks in flight, start nothing new, record it. Second: abort."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        runner.stop()
+        printer.say("[bold yellow]Ctrl-C: finishing the tasks in flight, starting nothing new "
+                    "(Ctrl-C again to abort at once)[/]")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return signal.signal(signal.SIGINT, handler)
+
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "skipped": "cyan",
+                "ignored": "dim red", "rolled-back": "yellow"}
+
+
+class Printer:
+    """What a person watching sees: plays, batches, tasks, per-host results; a progress line on a
+    terminal (batch, task, hosts done, elapsed), plain lines otherwise. Silent with --json."""
+
+    def __init__(self, as_json: bool, show_diff: bool) -> None:
+        self.quiet = as_json
+        self.show_diff = show_diff
+        self.out = render.console(stderr=as_json)
+        self.progress: Any = None
+        self.bar: Any = None
+        self.done = 0
+        self.total = 0
+        self.where = ""
+        self.start = time.monotonic()
+
+    def __enter__(self) -> Printer:
+        if not self.quiet and self.out.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("hosts done"), TimeElapsedColumn(), console=self.out,
+                                     transient=True)
+            self.progress.start()
+            self.bar = self.progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress:
+            self.progress.stop()
+
+    def say(self, text: str) -> None:
+        """One line of markup (values escaped by the caller); never wrapped, so logs grep well."""
+        if not self.quiet:
+            self.out.print(text, highlight=False, soft_wrap=True)
+
+    def line(self, text: Any) -> None:
+        if not self.quiet:
+            self.out.print(text, highlight=False, soft_wrap=True)
+
+    def _update(self) -> None:
+        if self.progress:
+            self.progress.update(self.bar, description=self.where, completed=self.done, total=self.total or None)
+
+    def on_event(self, kind: str, e: dict[str, Any]) -> None:
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler:
+            handler(e)
+        self._update()
+
+    def _on_run_start(self, e: dict[str, Any]) -> None:
+        mode = " (check mode: nothing is changed)" if e.get("check") else ""
+        self.line(render.cell(f"run {e['run_id']}: {e['playbook']}{mode}"))
+
+    def _on_resume(self, e: dict[str, Any]) -> None:
+        self.line(render.cell(f"resuming run {e['run_id']}: {e['playbook']}"))
+
+    def _on_play_start(self, e: dict[str, Any]) -> None:
+        self.total += len(e["hosts"])
+        serial = f" · serial {e['serial']}" if e.get("serial") else ""
+        before = f" · already finished: {', '.join(e['finished_before'])}" if e.get("finished_before") else ""
+        hosts = ", ".join(e["hosts"]) or "no hosts left"
+        self.say(f"\n[bold]PLAY \\[{_esc(e['name'])}][/] {hosts}{serial} · on_failure {e['on_failure']}{before}")
+
+    def _on_recorded(self, e: dict[str, Any]) -> None:
+        rel = ", ".join(f"{h}={r or 'none'}" for h, r in e["releases"].items())
+        self.say(f"  [dim]releases before this rollout: {_esc(rel)}[/]")
+
+    def _on_batch_start(self, e: dict[str, Any]) -> None:
+        label = "canary" if e["batch"] == 1 and e["batches"] > 1 else f"batch {e['batch']}/{e['batches']}"
+        self.where = f"{label}"
+        self.say(f"[bold cyan]BATCH {e['batch']}/{e['batches']}[/] {', '.join(e['hosts'])}"
+                 + (" (canary)" if label == "canary" else ""))
+
+    def _on_task_start(self, e: dict[str, Any]) -> None:
+        self.where = f"batch {e['batch']} · {e['name'][:40]}"
+        self.say(f"  [bold]TASK[/] \\[{_esc(e['name'])}]")
+
+    def _on_task_result(self, e: dict[str, Any]) -> None:
+        status = e["status"]
+        msg = f"  {_esc(str(e.get('msg') or ''))}" if e.get("msg") else ""
+        self.say(f"    [{STATUS_STYLE.get(status, 'white')}]{status}[/]: {e['host']}{msg}")
+        if self.show_diff and e.get("diff"):
+            from rich.syntax import Syntax
+
+            self.line(Syntax(e["diff"], "diff", theme="ansi_dark", word_wrap=True))
+
+    def _on_host_done(self, e: dict[str, Any]) -> None:
+        self.done += 1
+
+    def _on_halted(self, e: dict[str, Any]) -> None:
+        left = f"; not started: {', '.join(e['not_started'])}" if e.get("not_started") else ""
+        self.say(f"[bold red]HALTED[/] after batch {e['batch']}: {_esc(e['why'])}{left}; on_failure {e['on_failure']}")
+
+    def _on_rollback(self, e: dict[str, Any]) -> None:
+        hosts = e.get("host") or ", ".join(e.get("hosts") or [])
+        self.say(f"    [{STATUS_STYLE.get(e['status'], 'white')}]rollback {e['status']}[/]: {hosts}  "
+                 f"{_esc(str(e.get('msg') or ''))}")
+
+    def _on_interrupted(self, e: dict[str, Any]) -> None:
+        at = f", before task {e['task']!r}" if e.get("task") else ""
+        self.say(f"[bold yellow]INTERRUPTED[/] in batch {e['batch']}{_esc(at)}; not finished: "
+                 f"{', '.join(e['pending']) or '-'}")
+
+    def recap(self, recap: dict[str, Any], status: str, run_id: str, path: Path) -> None:
+        rows = [[h, *(str(c[k]) for k in ("ok", "changed", "failed", "unreachable", "skipped", "ignored",
+                                          "rolled_back"))] for h, c in sorted(recap.items())]
+        self.out.print(render.table("recap", ["host", "ok", "changed", "failed", "unreachable", "skipped",
+                                              "ignored", "rolled back"], rows))
+        hint = f"; resume with: fleetctl run ... --resume {run_id}" if status in ("halted", "interrupted") else ""
+        self.out.print(render.cell(f"run {run_id}: {status} · journal {path} (fleetctl runs show {run_id}){hint}"))
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+@click.group()
+def runs() -> None:
+    """The journals of earlier `fleetctl run`s (in .fleetctl/runs/ beside the inventory)."""
+
+
+@runs.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+def list_runs(app: AppContext, as_json: bool) -> int:
+    """Every run: id, playbook, when, how it ended."""
+    from fleetctl.playbook import journal as jr
+
+    found = jr.list_runs(jr.runs_dir(app.inventory.path))
+    if as_json or app.json:
+        render.emit_json([s.to_dict() for s in found])
+        return 0
+    rows = [[s.run_id, s.playbook, _when(s.started), s.status + (" (check)" if s.check else ""), str(len(s.hosts))]
+            for s in found]
+    render.console().print(render.table(None, ["run", "playbook", "started", "status", "hosts"], rows))
+    return 0
+
+
+@runs.command(name="show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print every event of the journal as JSON.")
+@click.pass_obj
+def show_run(app: AppContext, run_id: str, as_json: bool) -> int:
+    """One run's events: batches, per-host task results, rollbacks, where it stopped; the recap."""
+    from fleetctl.playbook import journal as jr
+
+    path = jr.find_run(jr.runs_dir(app.inventory.path), run_id)
+    events = jr.read_events(path)
+    if as_json or app.json:
+        render.emit_json(events)
+        return 0
+    printer = Printer(False, True)
+    for e in events:
+        printer.on_event(str(e.get("event")), e)
+    summary = jr.summarize(path)
+    if summary.recap:
+        from collections import Counter
+
+        printer.recap({h: Counter(c) for h, c in summary.recap.items()}, summary.status, summary.run_id, path)
+    else:
+        printer.say(f"run {summary.run_id}: {summary.status} (no end recorded: the controller stopped mid-run)")
+    return 0
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+

@@ -1,0 +1,263 @@
+"""A playbook file read and checked before anything runs.
+
+A playbook is a list of plays; a play names its hosts, its rollout (``serial`` steps, failure
+budgets, ``on_failure``) and its tasks; a task is one module with its arguments plus ``when``,
+``register``, ``tags``, ``ignore_errors`` and ``retries``/``delay``/``until``. Every problem (an
+unknown key, a wrong type, an unknown module, a bad template) is one line naming file:line:key.
+Arguments that are templates are type-checked again once rendered, on each host.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fleetctl import yamlfile
+from fleetctl.playbook.modules import MODULES, Module
+from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
+
+TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until")
+OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
+_STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_step(step: int | str) -> int | str:
+    if isinstance(step, bool):
+        raise ValueError("a serial step is a host count or a percentage such as '25%'")
+    if isinstance(step, int):
+        if step < 1:
+            raise ValueError(f"a serial step must be at least 1 host, got {step}")
+        return step
+    if step.strip().isdigit():
+        return _check_step(int(step))
+    m = _STEP.match(step)
+    if not m or not 0 < float(m.group(1)) <= 100:
+        raise ValueError(f"a serial step is a host count or a percentage in (0, 100], got {step!r}")
+    return step.strip()
+
+
+class PlayModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    hosts: str
+    vars: dict[str, Any] = Field(default_factory=dict)
+    serial: list[int | str] | None = None  # a single step is read as a list of one
+    max_fail_percentage: float | None = Field(default=None, ge=0, le=100)
+    max_failures: int | None = Field(default=None, ge=0)
+    any_errors_fatal: bool = False
+    pause_between_batches: float = Field(default=0.0, ge=0)
+    on_failure: OnFailure = "halt"
+    tasks: list[Any] = Field(default_factory=list)
+
+    @field_validator("serial", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        steps = value if isinstance(value, list) else [value]
+        if not steps:
+            raise ValueError("serial: give at least one step")
+        return [_check_step(s) for s in steps]
+
+
+class TaskOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str | None = None
+    when: bool | str | list[bool | str] | None = None
+    register_as: str | None = Field(default=None, alias="register")
+    tags: list[str] = Field(default_factory=list)
+    ignore_errors: bool = False
+    retries: int = Field(default=3, ge=0)
+    delay: float = Field(default=5.0, ge=0)
+    until: str | None = None
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _one_tag(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("register_as")
+    @classmethod
+    def _identifier(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.match(value):
+            raise ValueError(f"register needs a variable name, got {value!r}")
+        return value
+
+
+@dataclass
+class Task:
+    play: int
+    index: int
+    name: str
+    module: Module
+    args: dict[str, Any]
+    options: TaskOptions
+    line: int
+
+    @property
+    def when(self) -> list[bool | str]:
+        w = self.options.when
+        return [] if w is None else list(w) if isinstance(w, list) else [w]
+
+    def where(self, path: Path) -> str:
+        return f"{path}:{self.line}"
+
+
+@dataclass
+class Play:
+    index: int
+    model: PlayModel
+    tasks: list[Task]
+    line: int
+
+    @property
+    def name(self) -> str:
+        return self.model.name or f"play {self.index + 1} ({self.model.hosts})"
+
+    def has_module(self, name: str) -> bool:
+        return any(t.module.name == name for t in self.tasks)
+
+
+@dataclass
+class Playbook:
+    path: Path
+    plays: list[Play]
+    digest: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    def tasks(self) -> Iterator[Task]:
+        for play in self.plays:
+            yield from play.tasks
+
+
+def load_playbook(path: Path) -> Playbook:
+    """Read and check ``path``; the first problem raises InputError naming file:line."""
+    doc = yamlfile.load(path, "playbook")
+    if not isinstance(doc.data, list) or not doc.data:
+        raise doc.error((), "a playbook is a non-empty list of plays")
+    plays = [_play(doc, i, raw) for i, raw in enumerate(doc.data)]
+    return Playbook(path, plays, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def _play(doc: yamlfile.YamlDoc, i: int, raw: Any) -> Play:
+    model = yamlfile.validate_at(doc, (i,), raw, PlayModel, "play")
+    _check_templates(doc, (i, "vars"), model.vars)
+    tasks = [_task(doc, i, j, t) for j, t in enumerate(model.tasks)]
+    play = Play(i, model, tasks, doc.line_of((i,)))
+    if model.on_failure != "halt" and not play.has_module("release"):
+        raise doc.error((i, "on_failure"), f"on_failure: {model.on_failure} rolls back releases, and this play "
+                                           "has no `release` task")
+    return play
+
+
+def _task(doc: yamlfile.YamlDoc, i: int, j: int, raw: Any) -> Task:
+    at = (i, "tasks", j)
+    if not isinstance(raw, dict):
+        raise doc.error(at, f"tasks[{j}]: a task is a mapping (a module and its options), got {type(raw).__name__}")
+    modules = [k for k in raw if k not in TASK_KEYS]
+    if not modules:
+        raise doc.error(at, f"tasks[{j}]: no module in this task (modules: {', '.join(sorted(MODULES))})")
+    for key in modules:
+        if key not in MODULES:
+            hint = difflib.get_close_matches(str(key), [*MODULES, *TASK_KEYS], n=1)
+            raise doc.error(at + (key,), f"{key}: unknown module or task key"
+                                         + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if len(modules) > 1:
+        raise doc.error(at + (modules[1],), f"{modules[1]}: a task runs one module; this one also has {modules[0]!r}")
+    name = modules[0]
+    mod = MODULES[name]
+    options = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k in TASK_KEYS}, TaskOptions, "task")
+    args = _module_args(doc, at, mod, raw[name])
+    for key, value in (("name", options.name), ("until", options.until)):
+        if value is not None:
+            _check_one(doc, at + (key,), value, expression=key == "until")
+    for cond in ([options.when] if not isinstance(options.when, list) else options.when):
+        if isinstance(cond, str):
+            _check_one(doc, at + ("when",), cond, expression=True)
+    if options.until is not None and options.register_as is None:
+        raise doc.error(at + ("until",), "until: needs `register` to name the result it tests")
+    label = options.name or f"{name} {_short(args)}".strip()
+    return Task(i, j, label, mod, args, options, doc.line_of(at))
+
+
+def _module_args(doc: yamlfile.YamlDoc, at: tuple[Any, ...], mod: Module, raw: Any) -> dict[str, Any]:
+    where = at + (mod.name,)
+    if raw is None:
+        args: dict[str, Any] = {}
+    elif isinstance(raw, dict):
+        args = raw
+    elif isinstance(raw, str | int | float | list) and mod.free_form:
+        args = {mod.free_form: raw}
+    else:
+        raise doc.error(where, f"{mod.name}: arguments must be a mapping of keys")
+    _check_templates(doc, where, args, expressions=getattr(mod.args, "expressions", ()))
+    try:
+        mod.args.model_validate(args)
+    except ValidationError as exc:
+        # A template's value is only known on the host: those fields are checked again once rendered.
+        real = [e for e in exc.errors() if not _is_template_at(args, e["loc"])]
+        if real:
+            raise yamlfile.first_error(doc, where, _Errors(real), prefix=f"{mod.name}.") from None
+    return args
+
+
+class _Errors:
+    def __init__(self, errors: list[Any]) -> None:
+        self._errors = errors
+
+    def errors(self) -> list[Any]:
+        return self._errors
+
+
+def _is_template_at(args: Any, loc: tuple[Any, ...]) -> bool:
+    node = args
+    for part in loc:
+        if isinstance(node, str):
+            break
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return isinstance(node, str) and is_template(node)
+
+
+def _check_templates(doc: yamlfile.YamlDoc, at: tuple[Any, ...], value: Any,
+                     expressions: tuple[str, ...] = ()) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_templates(doc, at + (k,), v) if k not in expressions else _check_exprs(doc, at + (k,), v)
+    elif isinstance(value, list):
+        for n, v in enumerate(value):
+            _check_templates(doc, at + (n,), v)
+    elif isinstance(value, str):
+        _check_one(doc, at, value, expression=False)
+
+
+def _check_exprs(doc: yamlfile.YamlDoc, at: tuple[Any, ...], value: Any) -> None:
+    for n, v in enumerate(value if isinstance(value, list) else [value]):
+        if isinstance(v, str):
+            _check_one(doc, at + ((n,) if isinstance(value, list) else ()), v, expression=True)
+
+
+def _check_one(doc: yamlfile.YamlDoc, at: tuple[Any, ...], text: str, expression: bool) -> None:
+    try:
+        check_expression(text) if expression else check_syntax(text)
+    except TemplateProblem as exc:
+        parts = [str(p) for p in at if not isinstance(p, int)]
+        key = ".".join(parts[1:] if parts[:1] == ["tasks"] else parts) or "template"
+        raise doc.error(at, f"{key}: {exc}") from None
+
+
+def _short(args: dict[str, Any]) -> str:
+    text = " ".join(f"{v}" if len(args) == 1 else f"{k}={v}" for k, v in args.items())
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,132 @@
+"""Jinja2 for playbooks: every string is a template, rendered with StrictUndefined.
+
+A string that is one expression (``"{{ ports }}"``) keeps its type (a list stays a list), as in
+Ansible; anything else renders to text. ``when``/``until``/``that`` are bare expressions.
+A few filters and tests users of Ansible reach for: ``quote`` (shell quoting), ``to_json``,
+``bool``, ``basename``; ``is version(...)``, ``is failed|succeeded|changed|skipped``, ``is search(regex)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateError, Undefined
+from jinja2.nativetypes import NativeEnvironment
+from packaging.version import InvalidVersion, Version
+
+
+class TemplateProblem(Exception):
+    """A template that does not parse or does not render; the caller adds file:line."""
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y")
+    return bool(value)
+
+
+_OPS = {"<": "__lt__", "lt": "__lt__", "<=": "__le__", "le": "__le__", ">": "__gt__", "gt": "__gt__",
+        ">=": "__ge__", "ge": "__ge__", "==": "__eq__", "eq": "__eq__", "!=": "__ne__", "ne": "__ne__"}
+
+
+def _version_test(value: Any, other: Any, op: str = "==") -> bool:
+    if op not in _OPS:
+        raise TemplateProblem(f"version test: unknown operator {op!r}")
+    try:
+        return bool(getattr(Version(str(value)), _OPS[op])(Version(str(other))))
+    except InvalidVersion as exc:
+        raise TemplateProblem(f"version test: {exc}") from None
+
+
+def _result_flag(key: str, want: bool = True) -> Any:
+    def test(value: Any) -> bool:
+        return isinstance(value, Mapping) and bool(value.get(key)) is want
+    return test
+
+
+@lru_cache(maxsize=1)
+def environment() -> NativeEnvironment:
+    env = NativeEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    env.filters.update(quote=lambda v: shlex.quote(str(v)), to_json=lambda v: json.dumps(v, sort_keys=True),
+                       bool=_to_bool, basename=lambda v: os.path.basename(str(v)),
+                       dirname=lambda v: os.path.dirname(str(v)))
+    env.tests.update(version=_version_test, failed=_result_flag("failed"), failure=_result_flag("failed"),
+                     succeeded=_result_flag("failed", False), success=_result_flag("failed", False),
+                     changed=_result_flag("changed"), skipped=_result_flag("skipped"),
+                     search=lambda v, pattern: re.search(pattern, str(v)) is not None,
+                     match=lambda v, pattern: re.match(pattern, str(v)) is not None)
+    return env
+
+
+def is_template(text: str) -> bool:
+    return "{{" in text or "{%" in text
+
+
+def check_syntax(text: str) -> None:
+    """Raise TemplateProblem when ``text`` is not a valid template."""
+    if is_template(text):
+        try:
+            environment().parse(text)
+        except TemplateError as exc:
+            raise TemplateProblem(f"bad template {text!r}: {exc}") from None
+
+
+def check_expression(expr: str) -> None:
+    try:
+        environment().compile_expression(expr)
+    except TemplateError as exc:
+        raise TemplateProblem(f"bad expression {expr!r}: {exc}") from None
+
+
+def render(value: Any, variables: Mapping[str, Any]) -> Any:
+    """``value`` with every string rendered (recursively through lists and mappings)."""
+    if isinstance(value, str):
+        if not is_template(value):
+            return value
+        try:
+            out = environment().from_string(value).render(variables)
+            if isinstance(out, Undefined):  # native rendering hands a lone undefined back instead of failing
+                out._fail_with_undefined_error()
+            return out
+        except TemplateError as exc:
+            raise TemplateProblem(f"{_why(exc)} in {value!r}") from None
+    if isinstance(value, list):
+        return [render(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {k: render(v, variables) for k, v in value.items()}
+    return value
+
+
+def render_text(text: str, variables: Mapping[str, Any]) -> str:
+    """A whole file (the ``template`` module): always text."""
+    try:
+        out = environment().from_string(text).render(variables)
+    except TemplateError as exc:
+        raise TemplateProblem(_why(exc)) from None
+    return out if isinstance(out, str) else str(out)
+
+
+def evaluate(expr: Any, variables: Mapping[str, Any]) -> Any:
+    """A bare Jinja2 expression (``when``/``until``/``that``); a bool or non-string is itself."""
+    if not isinstance(expr, str):
+        return expr
+    text = expr.strip()
+    if text.startswith("{{") and text.endswith("}}"):  # tolerated, as Ansible does (with a warning there)
+        text = text[2:-2]
+    try:
+        out = environment().compile_expression(text, undefined_to_none=False)(**variables)
+        if isinstance(out, Undefined):
+            out._fail_with_undefined_error()
+        return out
+    except TemplateError as exc:
+        raise TemplateProblem(f"{_why(exc)} in {expr!r}") from None
+
+
+def _why(exc: TemplateError) -> str:
+    return f"{type(exc).__name__}: {exc.message or exc}"
