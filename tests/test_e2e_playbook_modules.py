@@ -157,6 +157,7 @@ def test_template_masks_the_secret_and_writes_0600(lab: LabHandle, run: Runner, 
 
     done = run("template", "lab2", {"src": "service.env.j2", "dest": dest})
     assert done.changed and SECRET not in done.diff + done.msg + json.dumps(done.data)
+    assert "sha256" not in done.data  # not even a hash of it
     text = f"LISTEN={lab.addresses['lab2']}\nHF_TOKEN={SECRET}\n".encode()
     assert host_file(lab, "lab2", dest) == (sha(text), "600")
     assert not run("template", "lab2", {"src": "service.env.j2", "dest": dest}).changed

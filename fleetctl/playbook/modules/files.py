@@ -104,16 +104,20 @@ def mask(text: str, secrets: list[str]) -> str:
 def mask_old(old: str, new_masked: str, secrets: list[str]) -> str:
     """The host's old text as a diff may show it. Known secret values are masked; so are values the
     vars no longer hold (a rotated token): an old line replaced by a line holding a secret is masked
-    in the same places when it has the same shape (``TOKEN=old`` vs ``TOKEN=********``), else whole."""
+    in the same places when it has the same shape (``TOKEN=old`` vs ``TOKEN=********``), else whole.
+    In a replaced block of another length every old line is such a candidate."""
     old_lines = mask(old, secrets).splitlines(True)
     new_lines = new_masked.splitlines(True)
     out: list[str] = []
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        block = old_lines[i1:i2]
-        shapes = [line for line in new_lines[j1:j2] if MASK in line]
+        block, new_block = old_lines[i1:i2], new_lines[j1:j2]
+        shapes = [line for line in new_block if MASK in line]
         if tag == "replace" and shapes:
-            block = [_masked_like(line, shapes) for line in block]
+            if len(block) == len(new_block):  # line for line: only lines replaced by a secret line
+                block = [_masked_like(o, [n]) if MASK in n else o for o, n in zip(block, new_block, strict=True)]
+            else:
+                block = [_masked_like(line, shapes) for line in block]
         out.extend(block)
     return "".join(out)
 
@@ -196,8 +200,10 @@ def file_diff(dest: str, now: HostFile, data: bytes, plan: FilePlan, secrets: li
         if new is None or old is None:
             large = new is not None and (now.size or 0) > MAX_DIFF_TEXT
             why = f"{now.size} B on the host, not diffed" if large else "binary"
-            lines.append(f"content differs ({why}; sha256 {now.sha256 or '-'} -> "
-                         f"{hashlib.sha256(data).hexdigest()})\n")
+            # A hash of content holding a secret would let a short secret be guessed offline.
+            hashes = "" if holds_secret(data, secrets) else \
+                f"; sha256 {now.sha256 or '-'} -> {hashlib.sha256(data).hexdigest()}"
+            lines.append(f"content differs ({why}{hashes})\n")
         else:
             after = mask(new, secrets)
             before = mask_old(old, after, secrets) if secrets else old
@@ -230,7 +236,8 @@ def _call(mc: ModuleContext, params: dict[str, Any]) -> Any:
 
 
 def host_file(mc: ModuleContext, dest: str) -> HostFile:
-    now = HostFile.from_remote(_call(mc, {"action": "stat", "path": dest, "max_text": MAX_DIFF_TEXT}))
+    # The text travels only when a diff will be shown.
+    now = HostFile.from_remote(_call(mc, {"action": "stat", "path": dest, "max_text": MAX_DIFF_TEXT if mc.diff else 0}))
     if not now.parent_exists:
         raise HostError(mc.host, f"{dest}: parent folder {now.parent} does not exist (create it first)")
     if now.exists and now.kind != "file":
@@ -248,8 +255,10 @@ def ensure_file(mc: ModuleContext, dest: str, data: bytes, wanted_mode: int | No
     plan = plan_file(now, data, wanted_mode, secret)
     result = TaskResult(changed=plan.changed, msg=mask(plan_message(dest, plan, len(data), mc.check), secrets))
     result.diff = file_diff(dest, now, data, plan, secrets) if mc.diff and plan.changed else ""
-    result.data = {"dest": dest, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-                   "mode": format_mode(plan.mode), "created": plan.create and not mc.check, "secret": secret}
+    result.data = {"dest": dest, "size": len(data), "mode": format_mode(plan.mode),
+                   "created": plan.create and not mc.check, "secret": secret}
+    if not secret:  # see file_diff: no hash of a secret's file leaves the module
+        result.data["sha256"] = hashlib.sha256(data).hexdigest()
     if plan.changed and not mc.check:
         _call(mc, {"action": "write", "path": dest, "data_b64": base64.b64encode(data).decode("ascii"),
                    "mode": plan.mode, "expect_sha256": now.sha256})
