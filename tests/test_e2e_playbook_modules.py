@@ -77,12 +77,16 @@ def fleet(lab: LabHandle) -> Iterator[Fleet]:
     variable and the GPU/triton stand-in vars of the kernels tests."""
     doc = yaml.safe_load(lab.inventory_path.read_text())
     doc["all"]["vars"] = {"secret_vars": ["hf_token"], "hf_token": SECRET}
+    hosts = doc["all"]["children"]["lab"]["hosts"]
     for name, extra in HOST_VARS.items():
-        doc["all"]["children"]["lab"]["hosts"][name].update(extra)
+        hosts[name].update(extra)
+    # A host nothing listens for: a baseline or overlay source that cannot be reached.
+    ghost = {**hosts["lab1"], "ansible_host": lab.base_address.rsplit(".", 1)[0] + ".250"}
+    doc["all"]["children"]["ghosts"] = {"hosts": {"ghost": ghost}}
     path = lab.dir / "inventory-playbook-modules.yml"
     path.write_text(yaml.safe_dump(doc))
     inv = load_inventory(path)
-    with Fleet(inv, inv.select("all"), RunSettings(forks=8, command_timeout=300)) as f:
+    with Fleet(inv, inv.select("lab"), RunSettings(forks=8, command_timeout=300)) as f:
         yield f
     path.unlink(missing_ok=True)
 
@@ -223,6 +227,12 @@ def test_drift_against_a_baseline_host_and_a_lock(lab: LabHandle, run: Runner, t
     assert len(baselines) == 1  # lab1 was asked once for both hosts
     assert not run("drift", "lab1", {**args, "verify_files": True}).failed  # the baseline against itself
 
+    # an unreachable baseline fails this host naming it; this host is not "unreachable" itself
+    with pytest.raises(HostError) as err:
+        run("drift", "lab2", {**args, "baseline": "ghost"})
+    assert type(err.value) is HostError and err.value.host == "lab2"
+    assert err.value.reason.startswith("baseline ghost is unreachable: cannot connect to ")
+
     (tmp_path / "fleet.lock").write_text(f"sglang=={NEW_SGLANG}\n")
     by_lock = {h: run("drift", h, {"lock": "fleet.lock", "venv": ML_VENV, "skip": ["unsatisfied"]})
                for h in ("lab2", "lab3")}
@@ -299,3 +309,5 @@ def test_venv_overlay_plans_applies_and_is_idempotent(lab: LabHandle, fleet: Fle
     assert (again.changed, again.msg) == (False, "nothing to change")
     source = run("venv", "lab1", {**args, "to_venv": src})
     assert source.skipped and source.msg == "lab1 is the overlay source"
+    with pytest.raises(HostError, match=r"^lab2: overlay source ghost is unreachable: cannot connect to "):
+        run("venv", "lab2", {**args, "from": "ghost"})

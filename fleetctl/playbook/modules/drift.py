@@ -8,7 +8,8 @@ the findings are this host's only. Read-only, so it runs the same in check mode.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,13 +88,22 @@ class DriftArgs(Args):
         return value
 
 
-def on_other_host(mc: ModuleContext, other: str, role: str, key: Hashable, compute: Callable[[], T]) -> T:
-    """``once(compute)`` for work on another host (a baseline, an overlay source): when that host
-    cannot be reached, this host fails naming it, it is not marked unreachable itself."""
+@contextmanager
+def other_host_errors(mc: ModuleContext, role: str) -> Iterator[None]:
+    """Work that touches another host (a baseline, an overlay source): when that host cannot be
+    reached, this host fails naming it; it is not marked unreachable itself."""
     try:
-        return once(mc.run, key, compute)
+        yield
     except ConnectError as exc:
-        raise HostError(mc.host, f"{role} {other} is unreachable: {exc.reason}") from None
+        if exc.host == mc.host:
+            raise
+        raise HostError(mc.host, f"{role} {exc.host} is unreachable: {exc.reason}") from None
+
+
+def on_other_host(mc: ModuleContext, role: str, key: Hashable, compute: Callable[[], T]) -> T:
+    """``once(compute)`` for work on another host, its unreachability this host's plain failure."""
+    with other_host_errors(mc, role):
+        return once(mc.run, key, compute)
 
 
 def summary(findings: list[core.Finding], source: str) -> str:
@@ -123,7 +133,7 @@ def drift(mc: ModuleContext, args: DriftArgs) -> TaskResult:
     elif args.baseline is not None and args.baseline != mc.host:
         base = args.baseline
         # The baseline's versions and stack only: its own file check is not needed by anyone here.
-        base_inv = on_other_host(mc, base, "baseline", ("drift-baseline", base, args.venv),
+        base_inv = on_other_host(mc, "baseline", ("drift-baseline", base, args.venv),
                                  lambda: core.collect(mc.run.session(base), args.venv, False))
         results[base] = _ok(base, base_inv)
     report = core.audit(results, baseline_host=args.baseline if lock is None else None, lock=lock,

@@ -17,7 +17,7 @@ from fleetctl import overlay as ov
 from fleetctl import venv_create as vc
 from fleetctl.errors import HostError, InputError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.modules.drift import key_error, on_other_host, once
+from fleetctl.playbook.modules.drift import key_error, on_other_host, once, other_host_errors
 from fleetctl.transport.base import HostResult, Status
 
 PRESENT_ONLY = ("python", "lock", "requirements", "wheelhouse")
@@ -129,7 +129,7 @@ def source_files(mc: ModuleContext, req: ov.OverlayRequest) -> ov.SourceFiles:
         src = mc.run.session(req.source)
         return ov.SourceFiles(src, req, ov.list_source(src, req))
 
-    return on_other_host(mc, req.source, "overlay source", key, listing)
+    return on_other_host(mc, "overlay source", key, listing)
 
 
 def plan_text(plan: ov.HostPlan) -> str:
@@ -146,7 +146,9 @@ def overlay(mc: ModuleContext, args: VenvArgs) -> TaskResult:
     if req.source == mc.host and req.target_venv == req.venv.rstrip("/"):
         return TaskResult(skipped=True, msg=f"{mc.host} is the overlay source")
     files = source_files(mc, req)
-    judged = ov.judged(HostResult(mc.host, Status.OK, value=ov.list_target(mc.session, files, req)))
+    with other_host_errors(mc, "overlay source"):  # the source's file lists are fetched as needed
+        listed = ov.list_target(mc.session, files, req)
+    judged = ov.judged(HostResult(mc.host, Status.OK, value=listed))
     assert judged.value is not None
     plan = judged.value.plan
     data: dict[str, Any] = {"source": req.source, "venv": req.target_venv, **plan.to_dict()}
