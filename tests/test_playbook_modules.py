@@ -118,6 +118,12 @@ def test_arguments_refused_naming_the_key(name: str, raw: dict[str, Any], loc: t
     assert got_loc == loc and message in got_message, (got_loc, got_message)
 
 
+def test_probe_script_args_are_strings() -> None:
+    args = validate("probe", {"script": "p.py", "args": {"batch": 8, "fast": True, "ratio": 0.5, "name": "x"}})
+    assert args.args == {"batch": "8", "fast": "true", "ratio": "0.5", "name": "x"}
+    assert refused("probe", {"script": "p.py", "args": {"a": [1]}})[0] == ("args", "a")
+
+
 def test_probe_grep_term_may_be_one_string_and_kind_is_named() -> None:
     args = validate("probe", {"grep": "DFLASH"})
     assert (args.grep, args.kind) == (["DFLASH"], "grep")

@@ -8,6 +8,7 @@ and ``when`` can use it. Read-only, so it runs the same in check mode.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +64,15 @@ class ProbeArgs(Args):
     @classmethod
     def _terms(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _arg_strings(cls, value: Any) -> Any:
+        # The script reads strings (FLEETCTL_ARGS); YAML numbers and booleans arrive as their JSON text.
+        if isinstance(value, dict):
+            return {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, int | float | bool) else v
+                    for k, v in value.items()}
+        return value
 
     @model_validator(mode="after")
     def _one_question(self) -> ProbeArgs:
