@@ -118,6 +118,8 @@ def test_templating_keeps_types_and_is_strict() -> None:
     assert templating.evaluate("r is failed", {"r": {"failed": True}}) is True
     assert templating.evaluate("'NVIDIA H200' is search('H200')", {}) is True
     assert templating.render("{{ x | default(none) }}", {}) is None
+    # whole files stay text: a JSON template is not turned into a Python repr
+    assert templating.render_text('{"port": {{ port }}}\n', {"port": 30000}) == '{"port": 30000}\n'
 
 
 def test_redactor_masks_secret_values_everywhere() -> None:

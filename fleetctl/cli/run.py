@@ -157,6 +157,7 @@ class Printer:
 
     def _on_play_start(self, e: dict[str, Any]) -> None:
         self.total += len(e["hosts"])
+        self.where = e["name"][:40]
         serial = f" · serial {e['serial']}" if e.get("serial") else ""
         before = f" · already finished: {', '.join(e['finished_before'])}" if e.get("finished_before") else ""
         hosts = ", ".join(e["hosts"]) or "no hosts left"
@@ -198,9 +199,8 @@ class Printer:
                  f"{_esc(str(e.get('msg') or ''))}")
 
     def _on_interrupted(self, e: dict[str, Any]) -> None:
-        at = f", before task {e['task']!r}" if e.get("task") else ""
-        self.say(f"[bold yellow]INTERRUPTED[/] in batch {e['batch']}{_esc(at)}; not finished: "
-                 f"{', '.join(e['pending']) or '-'}")
+        at = f"in batch {e['batch']}, before task {e['task']!r}" if e.get("task") else f"before batch {e['batch']}"
+        self.say(f"[bold yellow]INTERRUPTED[/] {_esc(at)}; not finished: {', '.join(e['pending']) or '-'}")
 
     def recap(self, recap: dict[str, Any], status: str, run_id: str, path: Path) -> None:
         rows = [[h, *(str(c[k]) for k in ("ok", "changed", "failed", "unreachable", "skipped", "ignored",

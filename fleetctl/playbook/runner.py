@@ -176,7 +176,7 @@ class Runner:
             if b and model.pause_between_batches:
                 self._stop.wait(model.pause_between_batches)
             if self.stopping:
-                self.interrupted(play, b, None, [h for bb in plan[b:] for h in bb])
+                self.interrupted(play, b + 1, None, [h for bb in plan[b:] for h in bb])
             self.emit("batch_start", play=play.index, batch=b + 1, batches=len(plan), hosts=batch)
             attempted += batch
             failed = self.run_batch(play, tasks, b, batch)
@@ -190,8 +190,6 @@ class Runner:
                 self.status = "halted"
                 self.on_failure(play, recorded, attempted, failed_total)
                 raise PlaybookStopped
-            if self.stopping:
-                self.interrupted(play, b + 1, None, [h for bb in plan[b + 1:] for h in bb])
         self.emit("play_end", play=play.index, name=play.name)
 
     def interrupted(self, play: Play, batch: int, task: Task | None, pending: list[str]) -> None:

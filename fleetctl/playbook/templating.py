@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, Undefined
+from jinja2 import Environment, StrictUndefined, TemplateError, Undefined
 from jinja2.nativetypes import NativeEnvironment
 from packaging.version import InvalidVersion, Version
 
@@ -53,6 +53,19 @@ def _result_flag(key: str, want: bool = True) -> Any:
 @lru_cache(maxsize=1)
 def environment() -> NativeEnvironment:
     env = NativeEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    _extend(env)
+    return env
+
+
+@lru_cache(maxsize=1)
+def text_environment() -> Environment:
+    """For whole files: text in, text out (native types would turn a JSON file into a repr)."""
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    _extend(env)
+    return env
+
+
+def _extend(env: Environment) -> None:
     env.filters.update(quote=lambda v: shlex.quote(str(v)), to_json=lambda v: json.dumps(v, sort_keys=True),
                        bool=_to_bool, basename=lambda v: os.path.basename(str(v)),
                        dirname=lambda v: os.path.dirname(str(v)))
@@ -61,7 +74,6 @@ def environment() -> NativeEnvironment:
                      changed=_result_flag("changed"), skipped=_result_flag("skipped"),
                      search=lambda v, pattern: re.search(pattern, str(v)) is not None,
                      match=lambda v, pattern: re.match(pattern, str(v)) is not None)
-    return env
 
 
 def is_template(text: str) -> bool:
@@ -104,12 +116,9 @@ def render(value: Any, variables: Mapping[str, Any]) -> Any:
 
 
 def render_text(text: str, variables: Mapping[str, Any]) -> str:
-    """A whole file (the ``template`` module): always text."""
-    try:
-        out = environment().from_string(text).render(variables)
-    except TemplateError as exc:
-        raise TemplateProblem(_why(exc)) from None
-    return out if isinstance(out, str) else str(out)
+    """A whole file (the ``template`` module): always text. Raises ``jinja2.TemplateError``, whose
+    traceback holds the template's line, so the caller can name file:line."""
+    return text_environment().from_string(text).render(variables)
 
 
 def evaluate(expr: Any, variables: Mapping[str, Any]) -> Any:

@@ -7,63 +7,17 @@ the findings are this host's only. Read-only, so it runs the same in check mode.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from pydantic import ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import field_validator, model_validator
 
 from fleetctl import drift as core
-from fleetctl.errors import ConnectError, HostError
-from fleetctl.playbook.modules.base import Args, ModuleContext, RunServices, TaskResult, module
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module, on_other_host, once
 from fleetctl.transport.base import HostResult, Status
 
 T = TypeVar("T")
 SHOWN_FINDINGS = 3  # in the one-line message; data holds them all
-
-
-# --- shared by the playbook modules drift, venv, kernels, probe, files (candidates for base.py) ----------
-
-def key_error(model: str, key: str, message: str, value: Any = None) -> ValidationError:
-    """A validation error located at ``key`` (raised from a model validator): the runner's schema
-    check then names that key and its line, not just the task."""
-    detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(key,), input=value)
-    return ValidationError.from_exception_data(model, [detail])
-
-
-class Once:
-    """A value computed once per run by whichever host asks first; the others wait for it. Errors
-    are kept too, so a baseline host that is down is asked once, not once per host."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.done = False
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def get(self, compute: Callable[[], Any]) -> Any:
-        with self.lock:
-            if not self.done:
-                try:
-                    self.value = compute()
-                except Exception as exc:
-                    self.error = exc
-                self.done = True
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-def once(run: RunServices, key: Hashable, compute: Callable[[], T]) -> T:
-    """``compute()`` once per run and key. Only the lookup holds the run's memo lock: a slow
-    computation (a remote call) blocks only the hosts waiting for that same key."""
-    with run.memo_lock:
-        entry = run.memo.setdefault(("playbook-once", key), Once())
-    value: T = entry.get(compute)
-    return value
 
 
 class DriftArgs(Args):
@@ -86,24 +40,6 @@ class DriftArgs(Args):
         if value is not None and not value.startswith("/"):
             raise ValueError(f"{value!r}: expected an absolute path on the hosts")
         return value
-
-
-@contextmanager
-def other_host_errors(mc: ModuleContext, role: str) -> Iterator[None]:
-    """Work that touches another host (a baseline, an overlay source): when that host cannot be
-    reached, this host fails naming it; it is not marked unreachable itself."""
-    try:
-        yield
-    except ConnectError as exc:
-        if exc.host == mc.host:
-            raise
-        raise HostError(mc.host, f"{role} {exc.host} is unreachable: {exc.reason}") from None
-
-
-def on_other_host(mc: ModuleContext, role: str, key: Hashable, compute: Callable[[], T]) -> T:
-    """``once(compute)`` for work on another host, its unreachability this host's plain failure."""
-    with other_host_errors(mc, role):
-        return once(mc.run, key, compute)
 
 
 def summary(findings: list[core.Finding], source: str) -> str:

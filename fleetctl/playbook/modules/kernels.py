@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fleetctl import kernels as core
-from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.modules.drift import once
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module, once
 
 DEFAULT_DIR = "files/kernels"  # beside the playbooks: playbooks/files/kernels
 

@@ -15,8 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fleetctl.errors import InputError
-from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.modules.drift import key_error
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, key_error, module
 from fleetctl.probes import Expect
 from fleetctl.probes import http as http_core
 from fleetctl.probes import imports as import_core

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
+from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module, once
 from fleetctl.transport.base import HostSession
 
 
@@ -70,12 +70,12 @@ def _load(mc: ModuleContext, spec_path: str) -> tuple[Any, Any]:
     from fleetctl.release.spec import load_spec
 
     path = mc.path(spec_path).resolve()
-    with mc.run.memo_lock:
-        key = ("release-spec", str(path))
-        if key not in mc.run.memo:
-            spec = load_spec(path)
-            mc.run.memo[key] = (spec, core.load_patches(spec))
-        return mc.run.memo[key]
+
+    def load() -> tuple[Any, Any]:
+        spec = load_spec(path)
+        return spec, core.load_patches(spec)
+
+    return once(mc.run, ("release-spec", str(path)), load)
 
 
 def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:

@@ -16,8 +16,16 @@ from pydantic import Field, field_validator, model_validator
 from fleetctl import overlay as ov
 from fleetctl import venv_create as vc
 from fleetctl.errors import HostError, InputError
-from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.modules.drift import key_error, on_other_host, once, other_host_errors
+from fleetctl.playbook.modules.base import (
+    Args,
+    ModuleContext,
+    TaskResult,
+    key_error,
+    module,
+    on_other_host,
+    once,
+    other_host_errors,
+)
 from fleetctl.transport.base import HostResult, Status
 
 PRESENT_ONLY = ("python", "lock", "requirements", "wheelhouse")
