@@ -156,14 +156,17 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         if check:
             result.diffs = diffs(base, files, spec, kernels)
             return result
-        if state.get("current") == spec.release_id and service_running(session, layout):
-            result.outcome = "unchanged"
-            return result
-        result.build = build(session, spec, layout, base, files, kernels)
-        switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+        unchanged = state.get("current") == spec.release_id and service_running(session, layout)
+        if not unchanged:
+            result.build = build(session, spec, layout, base, files, kernels)
+            switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+        # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
+        # switched but never checked; running again checks it, and rolls back if it is bad.
         result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
         if all(g.ok for g in result.gates):
-            result.outcome = "deployed"
+            result.outcome = "unchanged" if unchanged else "deployed"
+            if unchanged:
+                return result
             result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
                                                           "keep": spec.model.keep_releases})["removed"]
             return result

@@ -26,6 +26,10 @@ import time
 _LOCK = {"fd": None}
 
 
+class DiskFull(Exception):
+    """The filesystem holding the releases filled up during a build."""
+
+
 def main(params):
     op = params.get("op")
     handler = OPS.get(op)
@@ -240,26 +244,35 @@ def op_build(params):
     os.makedirs(rels, exist_ok=True)
     tmp = os.path.join(rels, ".%s.tmp-%d" % (params["release_id"], os.getpid()))
     clear_stale_tmp(rels, params["release_id"])
-    venv = os.path.join(tmp, "venv")
-    stats = clone_tree(params["base_venv"], venv)
-    stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
-    manifest = dict(params["manifest"], created=time.time(), venv_files={})
-    site_rel = os.path.relpath(params["site"], params["base_venv"])
-    for rel, text in sorted((params.get("files") or {}).items()):
-        path = safe_join(os.path.join(venv, site_rel), rel)
-        if text is None:
-            if os.path.lexists(path):
-                os.unlink(path)
-            continue
-        data = text.encode("utf-8")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, data, file_mode(path))
-        manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
-    write_host_files(tmp, params)
-    if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
-        manifest["kernel_files"] = write_kernel_files(tmp, params["kernel_files"])
-    write_json(os.path.join(tmp, "manifest.json"), manifest)
-    os.rename(tmp, final)  # published whole
+    try:
+        venv = os.path.join(tmp, "venv")
+        stats = clone_tree(params["base_venv"], venv)
+        stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
+        manifest = dict(params["manifest"], created=time.time(), venv_files={})
+        site_rel = os.path.relpath(params["site"], params["base_venv"])
+        for rel, text in sorted((params.get("files") or {}).items()):
+            path = safe_join(os.path.join(venv, site_rel), rel)
+            if text is None:
+                if os.path.lexists(path):
+                    os.unlink(path)
+                continue
+            data = text.encode("utf-8")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data, file_mode(path))
+            manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
+        write_host_files(tmp, params)
+        if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
+            manifest["kernel_files"] = write_kernel_files(tmp, params["kernel_files"])
+        write_json(os.path.join(tmp, "manifest.json"), manifest)
+        os.rename(tmp, final)  # published whole
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed build leaves no temporary folder behind
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            written = str(exc.filename2 or exc.filename or "?")  # copies name the source first, the target second
+            where = os.path.relpath(written, tmp) if written.startswith(tmp + "/") else written
+            raise DiskFull("no space left on device in %s (writing %s of release %s); the partial release "
+                           "was removed, nothing switched" % (rels, where, params["release_id"]))
+        raise
     return dict(stats, built=True, path=final)
 
 

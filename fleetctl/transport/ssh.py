@@ -85,6 +85,14 @@ class ChannelStream:
     def alive(self) -> bool:
         return not (self.channel.closed or self.channel.exit_status_ready())
 
+    def connection_lost(self, grace: float = 1.0) -> bool:
+        """Whether the SSH connection itself is gone (not just this channel): the host went away."""
+        transport = self.channel.get_transport()
+        deadline = time.monotonic() + grace
+        while transport is not None and transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the transport notices a dropped socket just after its channels do
+        return transport is None or not transport.is_active()
+
     def stderr_tail(self) -> str:
         self._drain_stderr()
         return tail_text(b"".join(self._err))
