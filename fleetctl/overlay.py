@@ -485,7 +485,8 @@ def _applied(res: HostResult[HostOverlay], outcome: Applied | str) -> HostResult
     if isinstance(outcome, Applied):
         res.value.applied = outcome
         return res
-    return HostResult(res.host, Status.FAILED, value=res.value, reason=outcome)
+    status = Status.UNREACHABLE if isinstance(outcome, Lost) else Status.FAILED
+    return HostResult(res.host, status, value=res.value, reason=str(outcome))
 
 
 # --- the stream ------------------------------------------------------------------------------------
@@ -640,9 +641,29 @@ def pump(source: Stream, sinks: dict[str, Stream], failed: dict[str, Applied | s
             try:
                 sink.send(chunk)
             except Exception as exc:
-                failed[host] = f"connection lost during the transfer: {_why(sink, exc)}"
+                failed[host] = send_failed(sink, exc)
                 sink.close()
                 del sinks[host]
+
+
+class Lost(str):
+    """An outcome: the target's SSH connection went away (the host is unreachable)."""
+
+
+def _lost(sink: Stream) -> bool:
+    check = getattr(sink, "connection_lost", None)
+    return bool(check is not None and check())
+
+
+def send_failed(sink: Stream, exc: BaseException) -> Applied | str:
+    """A target stopped taking the stream: its own answer when it gave one (it failed and said why,
+    e.g. its disk is full), else the lost connection."""
+    if _lost(sink):
+        return Lost(f"connection lost during the transfer: {_why(sink, exc)}")
+    answer = collect(sink, 10.0)
+    if isinstance(answer, str) and answer.startswith("no answer from the target"):
+        return f"connection lost during the transfer: {_why(sink, exc)}"
+    return answer
 
 
 def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: str | None = None) -> Applied | str:
@@ -651,6 +672,8 @@ def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: st
         reader.until(BEGIN, limit=1 << 20)
         answer = json.loads(reader.until(END))
     except Exception as exc:
+        if _lost(sink):
+            return Lost(f"connection lost during the transfer: {_why(sink, exc)}")
         return f"no answer from the target: {_why(sink, exc)}"
     if not answer.get("ok"):
         if direct_from is not None and answer.get("unreachable"):
