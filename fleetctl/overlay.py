@@ -103,6 +103,7 @@ class SourceDist:
     missing: tuple[str, ...] = ()
     tree: str = ""  # one hash over every (path, digest): equal trees, nothing to compare file by file
     count: int = 0
+    outside: tuple[str, ...] = ()  # RECORD paths leaving the venv (.., absolute, a symlink out): refused
 
     def is_meta(self, rel: str) -> bool:
         return rel.split("/", 1)[0].endswith(".dist-info")
@@ -145,7 +146,8 @@ def parse_source_dist(d: Mapping[str, Any]) -> SourceDist:
     return SourceDist(
         canonicalize_name(d["name"]), d["version"], d["dist_info"], tuple(d.get("tags") or ()),
         tuple((t, f) for t, f in d.get("extensions") or ()), files,
-        tuple(posixpath.normpath(r) for r in detail["missing"]), d.get("tree", ""), int(d.get("count", len(files))))
+        tuple(posixpath.normpath(r) for r in detail["missing"]), d.get("tree", ""), int(d.get("count", len(files))),
+        tuple(d.get("outside") or ()))
 
 
 def parse_source(host: str, raw: Mapping[str, Any]) -> SourceListing:
@@ -219,6 +221,9 @@ def compat_reasons(dist: SourceDist, target: Interpreter) -> list[str]:
     for abi, example in dist.extensions:
         if abi and abi != "abi3" and abi != target.soabi:
             reasons.append(f"{example} is built for {abi}, the target runs {where}")
+    if dist.outside:
+        reasons.append(f"its RECORD names {len(dist.outside)} paths outside the venv (e.g. {dist.outside[0]}: "
+                       "'..', absolute, or a symlink leaving it)")
     return reasons
 
 
