@@ -36,6 +36,7 @@ from fleetctl.release.service import (
     stored_params,
 )
 from fleetctl.release.spec import Health, PatchFile, ReleaseSpec
+from fleetctl.secrets import masked
 from fleetctl.transport.base import HostSession
 
 
@@ -154,11 +155,11 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         result = DeployResult(session.name, spec.release_id, "planned", previous=previous, broke_lock=broke)
         kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
-            result.diffs = diffs(base, files, spec, kernels)
+            result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars))
             return result
         unchanged = state.get("current") == spec.release_id and service_running(session, layout)
         if not unchanged:
-            result.build = build(session, spec, layout, base, files, kernels)
+            result.build = build(session, spec, layout, base, files, kernels)  # service.env: real values, 0600
             switch_and_restart(session, layout, spec.release_id, "deploy", holder)
         # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
         # switched but never checked; running again checks it, and rolls back if it is bad.
@@ -229,13 +230,13 @@ def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, 
 
 
 def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
-          kernels: ReleaseKernels | None = None) -> dict[str, str]:
+          kernels: ReleaseKernels | None = None, host_vars: dict[str, Any] | None = None) -> dict[str, str]:
     out = {}
     for path, text in sorted(files.items()):
         old = base["files"].get(path) or ""
         out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
                                                  f"a/{path}", f"b/{path}"))
-    out["service.env"] = env_file(spec, kernels.env if kernels else None)
+    out["service.env"] = env_file(spec, kernels.env if kernels else None, host_vars)
     if kernels:  # fleetctl kernels
         out["kernels/configs"] = kernels.describe()
     return out
@@ -252,7 +253,8 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": base["path"],
-        "site": base["site"], "files": files, "env_file": env_file(spec, kernels.env if kernels else None),
+        "site": base["site"], "files": files,
+        "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))
 
