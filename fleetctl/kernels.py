@@ -381,6 +381,7 @@ def fetch_tuning_output(session: HostSession, src: str, venv: str | None) -> Col
                                                                              f"{answer.get('python')}")
     files = {n: t for n, t in answer["files"].items() if n.startswith("E=")}
     skipped = sorted(set(answer["files"]) - set(files)) + [f"{n} (unreadable)" for n in answer["unreadable"]]
+    skipped += [f"{n} (a symlink: refused)" for n in answer.get("links") or []]
     return Collected(session.name, src, version, source, names, gpu_source, bool(answer.get("exists")), files,
                      skipped)
 
@@ -394,13 +395,19 @@ def plan_collect(got: Collected, dest: Path, force: bool) -> list[CollectItem]:
         raise InputError(f"{got.host}: {got.triton_source}: cannot name the triton folder; set the host var "
                          "triton_version")
     folder = triton_folder(got.triton_version)
+    if not _FOLDER_RE.match(folder):  # the version came from the host: it must not name a path
+        raise InputError(f"{got.host}: triton version {got.triton_version!r} ({got.triton_source}) does not name "
+                         "a triton_X_Y_Z folder")
     devices = {sglang_device_name(n) for n in got.gpu_names}
     items = []
     for filename, text in sorted(got.files.items()):
         where = f"{got.host}:{got.src}/{filename}"
         name = parse_config_name(filename, where)
-        validate_config(text, where)
         path = dest / folder / filename
+        if "/" in filename or "\\" in filename or filename.startswith(".") or \
+                not path.resolve().is_relative_to((dest / folder).resolve()):
+            raise InputError(f"{where}: refused: the name leaves {dest / folder}")
+        validate_config(text, where)
         action = "added"
         if path.exists():
             same = path.read_text(encoding="utf-8") == text

@@ -103,6 +103,7 @@ class SourceDist:
     missing: tuple[str, ...] = ()
     tree: str = ""  # one hash over every (path, digest): equal trees, nothing to compare file by file
     count: int = 0
+    outside: tuple[str, ...] = ()  # RECORD paths leaving the venv (.., absolute, a symlink out): refused
 
     def is_meta(self, rel: str) -> bool:
         return rel.split("/", 1)[0].endswith(".dist-info")
@@ -145,7 +146,8 @@ def parse_source_dist(d: Mapping[str, Any]) -> SourceDist:
     return SourceDist(
         canonicalize_name(d["name"]), d["version"], d["dist_info"], tuple(d.get("tags") or ()),
         tuple((t, f) for t, f in d.get("extensions") or ()), files,
-        tuple(posixpath.normpath(r) for r in detail["missing"]), d.get("tree", ""), int(d.get("count", len(files))))
+        tuple(posixpath.normpath(r) for r in detail["missing"]), d.get("tree", ""), int(d.get("count", len(files))),
+        tuple(d.get("outside") or ()))
 
 
 def parse_source(host: str, raw: Mapping[str, Any]) -> SourceListing:
@@ -219,6 +221,9 @@ def compat_reasons(dist: SourceDist, target: Interpreter) -> list[str]:
     for abi, example in dist.extensions:
         if abi and abi != "abi3" and abi != target.soabi:
             reasons.append(f"{example} is built for {abi}, the target runs {where}")
+    if dist.outside:
+        reasons.append(f"its RECORD names {len(dist.outside)} paths outside the venv (e.g. {dist.outside[0]}: "
+                       "'..', absolute, or a symlink leaving it)")
     return reasons
 
 
@@ -485,7 +490,8 @@ def _applied(res: HostResult[HostOverlay], outcome: Applied | str) -> HostResult
     if isinstance(outcome, Applied):
         res.value.applied = outcome
         return res
-    return HostResult(res.host, Status.FAILED, value=res.value, reason=outcome)
+    status = Status.UNREACHABLE if isinstance(outcome, Lost) else Status.FAILED
+    return HostResult(res.host, status, value=res.value, reason=str(outcome))
 
 
 # --- the stream ------------------------------------------------------------------------------------
@@ -640,9 +646,29 @@ def pump(source: Stream, sinks: dict[str, Stream], failed: dict[str, Applied | s
             try:
                 sink.send(chunk)
             except Exception as exc:
-                failed[host] = f"connection lost during the transfer: {_why(sink, exc)}"
+                failed[host] = send_failed(sink, exc)
                 sink.close()
                 del sinks[host]
+
+
+class Lost(str):
+    """An outcome: the target's SSH connection went away (the host is unreachable)."""
+
+
+def _lost(sink: Stream) -> bool:
+    check = getattr(sink, "connection_lost", None)
+    return bool(check is not None and check())
+
+
+def send_failed(sink: Stream, exc: BaseException) -> Applied | str:
+    """A target stopped taking the stream: its own answer when it gave one (it failed and said why,
+    e.g. its disk is full), else the lost connection."""
+    if _lost(sink):
+        return Lost(f"connection lost during the transfer: {_why(sink, exc)}")
+    answer = collect(sink, 10.0)
+    if isinstance(answer, str) and answer.startswith("no answer from the target"):
+        return f"connection lost during the transfer: {_why(sink, exc)}"
+    return answer
 
 
 def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: str | None = None) -> Applied | str:
@@ -651,6 +677,8 @@ def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: st
         reader.until(BEGIN, limit=1 << 20)
         answer = json.loads(reader.until(END))
     except Exception as exc:
+        if _lost(sink):
+            return Lost(f"connection lost during the transfer: {_why(sink, exc)}")
         return f"no answer from the target: {_why(sink, exc)}"
     if not answer.get("ok"):
         if direct_from is not None and answer.get("unreachable"):

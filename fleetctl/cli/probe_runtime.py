@@ -106,6 +106,7 @@ def script(app: AppContext, file: str, args: tuple[str, ...], venv: str | None, 
                  fails that host; its output is kept
       file       the source travels with the request, runs from a private temporary file, removed after
     """
+    timeout = min(timeout, app.timeout or timeout)  # -T caps the script's own timeout
     request = script_core.ScriptRequest.load(file, args, venv, python, timeout)
     with app.fleet() as fleet:
         results = script_core.run_script(fleet, request)

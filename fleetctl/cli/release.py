@@ -12,14 +12,20 @@ from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import exit_code_for, host_options
 from fleetctl.transport.base import HostResult, Status
 
+break_lock_option = click.option(
+    "--break-lock", is_flag=True,
+    help="Break a stale deploy lock (its run's pid is dead, or it ran on another controller): "
+         "ends the agent that holds it. A live run's lock is never broken.")
+
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="Plan only: inspect hosts and apply patches in memory; write nothing.")
 @click.option("--diff", "show_diff", is_flag=True, help="Show the patched files' diffs and the service environment.")
+@break_lock_option
 @host_options
 @click.pass_obj
-def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool) -> int:
+def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure."""
     from fleetctl.release import deploy as core
     from fleetctl.release.spec import load_spec
@@ -28,7 +34,7 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool) -> in
     loaded = core.load_patches(spec)
     holder = core.who(f"fleetctl deploy {spec_path}")
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder))
+        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock))
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
@@ -74,23 +80,34 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
                     shown.add(text)
                     out.print(render.cell(f"--- {path}"), style="bold")
                     out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
+    print_broken_locks(results)
     render.print_failures(results)
     out.print(render.summary_line(results))
+
+
+def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
+    for name, res in results.items():
+        h = res.value.broke_lock if res.value is not None else None
+        if h:
+            render.console().print(render.cell(
+                f"{name}: broke the stale lock of {h.get('user', '?')}@{h.get('controller', '?')} pid "
+                f"{h.get('pid', '?')} ({h.get('command', '?')}); its agent pid {h.get('agent_pid', '?')} ended"))
 
 
 @click.command()
 @click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
+@break_lock_option
 @host_options
 @click.pass_obj
-def rollback(app: AppContext, to: str | None, timeout: float) -> int:
+def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool) -> int:
     """Switch back to a release already on the hosts and restart: nothing is reinstalled."""
     from fleetctl.release.deploy import who
     from fleetctl.release.manage import rollback_host
 
     holder = who(f"fleetctl rollback {to or ''}".strip())
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: rollback_host(ctx, to, timeout, holder))
+        results = fleet.map(lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
     mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
                 + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
     if app.json:
@@ -99,6 +116,7 @@ def rollback(app: AppContext, to: str | None, timeout: float) -> int:
         rows = [[n, render.status_text(r), *([r.value.outcome, r.value.from_id or "-", r.value.to_id] if r.value
                                              else ["", "", ""])] for n, r in results.items()]
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
+        print_broken_locks(results)
         render.print_failures(results)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)

@@ -4,7 +4,8 @@ The lab has no GPU, so tests, demos and (later) the release flow launch this as 
 lab hosts to exercise health gates and probes. It answers the endpoints fleetctl reads, in the
 shapes SGLang uses (see shared/DOMAIN.md):
 
-  GET /health          503 during --start-delay, then --health-status (200 by default), empty body
+  GET /health          503 during --start-delay, then --health-status (200 by default), empty body;
+                       with --health-hang it never answers (the connection stays open)
   GET /server_info     server args, "version", "internal_states": [{"avg_spec_accept_length": x}]
   GET /model_info      model_path, tokenizer_path, is_generation, ...
   GET /v1/models       OpenAI-style model list
@@ -18,7 +19,7 @@ Stdlib only, Python >= 3.8: it runs on the hosts. The command line below is a st
 (the release flow launches it); add options, never rename them:
 
   python3 fake_sglang.py --host H --port N [--version 0.5.23] [--spec-algorithm DDTREE]
-      [--accept-length 3.2] [--start-delay S] [--health-status 200|503] [--old-api]
+      [--accept-length 3.2] [--start-delay S] [--health-status 200|503] [--health-hang] [--old-api]
       [--model-path M] [--tp N] [--verbose] [--release-dir DIR -- LAUNCH ARGS...]
 
 Release mode (``--release-dir``, how ``fleetctl deploy`` runs it on lab hosts, under the release's
@@ -27,7 +28,8 @@ is the installed sglang's, and ``--speculative-algorithm`` is checked against th
 ``SpeculativeAlgorithm`` parsed (not imported) from the installed ``spec_info.py``: an algorithm
 that release does not have makes the stand-in exit at start, as SGLang's argument parser would.
 So the health gates test what was really deployed. For tests, the launch args may also carry
-``--standin-health-status 503``, ``--standin-accept-length X`` and ``--standin-start-delay S``.
+``--standin-health-status 503``, ``--standin-accept-length X``, ``--standin-start-delay S`` and
+``--standin-health-hang``.
 """
 
 from __future__ import annotations  # annotations stay strings: Python 3.8 runs this file
@@ -133,6 +135,9 @@ def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
             path = self.path.split("?", 1)[0]
+            if path == "/health" and opts.health_hang:
+                time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
+                return
             if path == "/health":
                 starting = time.time() - started_at < opts.start_delay
                 self.reply(503 if starting else opts.health_status, "text/plain; charset=utf-8", "")
@@ -165,6 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--accept-length", type=float, default=3.2, help="avg_spec_accept_length reported")
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds /health answers 503 after start")
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
+    p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
     p.add_argument("--old-api", action="store_true", help="only /get_server_info and /get_model_info")
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--tp", type=int, default=8)
@@ -199,6 +205,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     p.add_argument("--standin-health-status", type=int, default=opts.health_status)
     p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
+    p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
     args, _unknown = p.parse_known_args(launch)
     spec = importlib.util.find_spec("sglang")
     folder = list(spec.submodule_search_locations or [])[0] if spec else None
@@ -216,7 +223,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.version = metadata.version("sglang") if folder else "none"
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
-    opts.start_delay = args.standin_start_delay
+    opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable}
     return opts

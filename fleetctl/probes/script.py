@@ -19,7 +19,7 @@ from fleetctl.errors import HostError, InputError
 from fleetctl.probes import host_venv, probe_python
 from fleetctl.transport.base import CommandResult, HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet
-from fleetctl.transport.output import tail_text
+from fleetctl.transport.output import printable, tail_text
 
 DEFAULT_TIMEOUT = 120.0
 MAX_SOURCE = 1024 * 1024
@@ -129,7 +129,8 @@ def probe_script(session: HostSession, request: ScriptRequest) -> ScriptResult:
         raise HostError(session.name, (f"venv {venv} not found: " if venv else "") + str(doc["error"]))
     return ScriptResult(
         python=doc["python"], rc=doc.get("rc"), timed_out=bool(doc.get("timed_out")),
-        duration_s=doc.get("duration_s"), stdout=doc.get("stdout") or "", stderr=doc.get("stderr") or "",
+        duration_s=doc.get("duration_s"), stdout=printable(doc.get("stdout") or ""),
+        stderr=printable(doc.get("stderr") or ""),
         script_path=doc.get("script_path"), stdout_truncated=bool(doc.get("stdout_truncated")),
         stderr_truncated=bool(doc.get("stderr_truncated")),
     )

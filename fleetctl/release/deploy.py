@@ -16,6 +16,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -35,6 +36,7 @@ from fleetctl.release.service import (
     stored_params,
 )
 from fleetctl.release.spec import Health, PatchFile, ReleaseSpec
+from fleetctl.secrets import masked
 from fleetctl.transport.base import HostSession
 
 
@@ -57,6 +59,7 @@ class DeployResult:
     rollback_gates: list[GateResult] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
     pruned: list[str] = field(default_factory=list)
+    broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
 
     @property
     def ok(self) -> bool:
@@ -73,22 +76,63 @@ class DeployResult:
 
 
 def who(command: str) -> dict[str, Any]:
-    return {"user": getpass.getuser(), "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
+    return {"user": getpass.getuser(), "controller": socket.gethostname(), "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()), "command": command}
+
+
+def process_start(pid: int) -> str | None:
+    """Start time of a local process (clock ticks since boot), None when it is not running: with the
+    pid it names one process, never a later one that reused the pid."""
+    try:
+        fields = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
+
+
+def holder_alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the run holding a lock is alive: True/False when it ran on this controller (its pid and
+    start time checked), None when it ran elsewhere (nothing here can tell)."""
+    if holder.get("controller") != socket.gethostname() or not holder.get("pid"):
+        return None
+    start = process_start(int(holder["pid"]))
+    return start is not None and (holder.get("pid_start") in (None, start))
 
 
 @contextmanager
-def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any]) -> Iterator[None]:
+def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any],
+              break_lock: bool = False) -> Iterator[dict[str, Any] | None]:
     """The host's deploy lock for the duration; refused naming the holder. The lock is a flock held by
-    this run's agent, so a run that dies cannot leave it behind."""
-    answer = session.call("release_host", {"op": "lock", **layout.params(), "holder": holder})
+    this run's agent, so a run that dies cannot leave it behind unless its agent lives on (its SSH
+    session still open: a half-open connection, or an operation still running). Such a lock is
+    stale when its holder's pid is dead on this controller; ``break_lock`` then ends the holding
+    agent (pid and start time checked on the host) and takes the lock. A live holder is never
+    broken. Yields the broken lock's holder, or None."""
+    params = {"op": "lock", **layout.params(), "holder": holder}
+    answer = session.call("release_host", params)
+    if not answer.get("locked") and break_lock and holder_alive(answer.get("holder") or {}) is not True:
+        theirs = answer.get("holder") or {}
+        answer = session.call("release_host", {**params, "break_holder": {
+            "agent_pid": theirs.get("agent_pid"), "agent_start": theirs.get("agent_start")}})
     if not answer.get("locked"):
-        h = answer.get("holder") or {}
-        raise HostLocked(session.name, f"locked by another run: {h.get('user', '?')}@{h.get('controller', '?')} "
-                                       f"pid {h.get('pid', '?')} ({h.get('command', '?')})")
+        raise HostLocked(session.name, locked_message(answer.get("holder") or {}, break_lock))
     try:
-        yield
+        yield answer.get("broke")
     finally:
         session.call("release_host", {"op": "unlock", **layout.params()})
+
+
+def locked_message(h: dict[str, Any], break_lock: bool) -> str:
+    line = (f"locked by another run: {h.get('user', '?')}@{h.get('controller', '?')} pid {h.get('pid', '?')} "
+            f"({h.get('command', '?')})")
+    alive = holder_alive(h)
+    if alive:
+        return line + ("; that run is alive: not breaking its lock" if break_lock else "")
+    if alive is False:
+        line += (f"; stale: pid {h.get('pid')} is no longer running on {h.get('controller')}, its agent "
+                 f"(pid {h.get('agent_pid', '?')}) still holds the lock")
+        return line + ("" if break_lock else "; --break-lock ends that agent and takes the lock")
+    return line
 
 
 Loaded = list[tuple[PatchFile, patchlib.PatchSet]]
@@ -100,27 +144,30 @@ def load_patches(spec: ReleaseSpec) -> Loaded:
 
 
 def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
-                check: bool, holder: dict[str, Any]) -> DeployResult:
+                check: bool, holder: dict[str, Any], break_lock: bool = False) -> DeployResult:
     layout = layout_for(session.vars)
-    with host_lock(session, layout, holder):
+    with host_lock(session, layout, holder, break_lock) as broke:
         base_venv = ensure_base(session, spec, layout, check)
         base, state = inspect(session, spec, loaded, layout, base_venv)
         files = apply_patches(session.name, loaded, base)
         # The release to fall back to: what runs now, unless that is this very release.
         previous = state.get("previous") if state.get("current") == spec.release_id else state.get("current")
-        result = DeployResult(session.name, spec.release_id, "planned", previous=previous)
+        result = DeployResult(session.name, spec.release_id, "planned", previous=previous, broke_lock=broke)
         kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
-            result.diffs = diffs(base, files, spec, kernels)
+            result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars))
             return result
-        if state.get("current") == spec.release_id and service_running(session, layout):
-            result.outcome = "unchanged"
-            return result
-        result.build = build(session, spec, layout, base, files, kernels)
-        switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+        unchanged = state.get("current") == spec.release_id and service_running(session, layout)
+        if not unchanged:
+            result.build = build(session, spec, layout, base, files, kernels)  # service.env: real values, 0600
+            switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+        # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
+        # switched but never checked; running again checks it, and rolls back if it is bad.
         result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
         if all(g.ok for g in result.gates):
-            result.outcome = "deployed"
+            result.outcome = "unchanged" if unchanged else "deployed"
+            if unchanged:
+                return result
             result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
                                                           "keep": spec.model.keep_releases})["removed"]
             return result
@@ -183,13 +230,13 @@ def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, 
 
 
 def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
-          kernels: ReleaseKernels | None = None) -> dict[str, str]:
+          kernels: ReleaseKernels | None = None, host_vars: dict[str, Any] | None = None) -> dict[str, str]:
     out = {}
     for path, text in sorted(files.items()):
         old = base["files"].get(path) or ""
         out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
                                                  f"a/{path}", f"b/{path}"))
-    out["service.env"] = env_file(spec, kernels.env if kernels else None)
+    out["service.env"] = env_file(spec, kernels.env if kernels else None, host_vars)
     if kernels:  # fleetctl kernels
         out["kernels/configs"] = kernels.describe()
     return out
@@ -206,7 +253,8 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": base["path"],
-        "site": base["site"], "files": files, "env_file": env_file(spec, kernels.env if kernels else None),
+        "site": base["site"], "files": files,
+        "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))
 

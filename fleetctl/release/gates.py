@@ -51,7 +51,9 @@ def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port:
     deadline = start + health.timeout
     last = "no answer yet"
     while True:
-        answer = probe_http(session, HttpRequest(health.path, port=port, timeout=min(10.0, health.timeout)))
+        # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
+        left = max(0.5, min(10.0, deadline - time.monotonic()))
+        answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))
         if answer.status == 200:
             return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
         last = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"

@@ -19,6 +19,7 @@ class RollbackResult:
     from_id: str | None
     to_id: str
     gates: list[GateResult] = field(default_factory=list)
+    broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
 
     @property
     def ok(self) -> bool:
@@ -26,14 +27,15 @@ class RollbackResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "outcome": self.outcome, "from": self.from_id, "to": self.to_id,
-                "gates": [g.to_dict() for g in self.gates]}
+                "gates": [g.to_dict() for g in self.gates], "broke_lock": self.broke_lock}
 
 
-def rollback_host(session: HostSession, to: str | None, timeout: float, holder: dict[str, Any]) -> RollbackResult:
+def rollback_host(session: HostSession, to: str | None, timeout: float, holder: dict[str, Any],
+                  break_lock: bool = False) -> RollbackResult:
     """Switch ``current`` to ``to`` (a release id, the same on every host) or to the recorded
     previous release, restart, and wait for health. Nothing is reinstalled."""
     layout = layout_for(session.vars)
-    with host_lock(session, layout, holder):
+    with host_lock(session, layout, holder, break_lock) as broke:
         state = session.call("release_host", {"op": "state", **layout.params()})
         target = to or state.get("previous")
         known = [r["id"] for r in state["releases"]]
@@ -43,12 +45,12 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
             raise ReleaseRefused(session.name, f"release {target} is not on this host "
                                                f"(has: {', '.join(known) or 'none'})")
         if target == state.get("current"):
-            return RollbackResult(session.name, "unchanged", target, target)
+            return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
         switch_and_restart(session, layout, target, "rollback", holder)
         service = session.call("release_host", {"op": "state", **layout.params()}).get("service") or {}
         health = Health(path=str(service.get("health_path") or "/health"), timeout=timeout)
         gate = wait_healthy(session, health, layout, int(service.get("port") or 30000))
-        return RollbackResult(session.name, "rolled-back", state.get("current"), target, [gate])
+        return RollbackResult(session.name, "rolled-back", state.get("current"), target, [gate], broke_lock=broke)
 
 
 @dataclass

@@ -7,6 +7,7 @@ is the whole of a rollout or a rollback.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,10 +65,13 @@ def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
     return [python, "-m", svc.module, *svc.args, *where]
 
 
-def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None) -> str:
-    """systemd EnvironmentFile syntax; values are quoted so spaces and $ stay literal."""
+def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
+             host_vars: Mapping[str, object] | None = None) -> str:
+    """systemd EnvironmentFile syntax; values are quoted so spaces and $ stay literal. A value may name
+    the host's inventory variables (``HF_TOKEN: "{{ HF_TOKEN }}"``); the file is 0600 on the host, and
+    callers that show it pass vars with secrets masked."""
     svc = spec.model.service
-    env = dict(svc.env)
+    env = {key: render_value(spec, key, value, host_vars) for key, value in svc.env.items()}
     if svc.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = svc.gpus
     env.update(extra or {})
@@ -77,6 +81,18 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None) -> str:
             raise ValueError(f"service.env: {key!r} is not a variable name")
         lines.append(f"{key}={_quote(value)}")
     return "\n".join(lines) + "\n"
+
+
+def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
+    if "{{" not in value and "{%" not in value:
+        return value
+    from jinja2 import Environment, StrictUndefined, TemplateError
+
+    try:
+        return Environment(undefined=StrictUndefined, autoescape=False).from_string(value).render(
+            dict(host_vars or {}))
+    except TemplateError as exc:
+        raise InputError(f"{spec.path}: service.env.{key}: {exc}") from None
 
 
 def _quote(value: str) -> str:

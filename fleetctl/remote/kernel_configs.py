@@ -135,9 +135,12 @@ def collect(src):
     """The *.json files directly in ``src`` (SGLang's tuner writes them into its working folder)."""
     if not os.path.isdir(src):
         return {"src": src, "exists": False, "files": {}, "unreadable": []}
-    files, unreadable = {}, []
+    files, unreadable, links = {}, [], []
     for name in sorted(os.listdir(src)):
         path = os.path.join(src, name)
+        if name.endswith(".json") and os.path.islink(path):
+            links.append(name)  # never followed: it could point anywhere on the host
+            continue
         if not name.endswith(".json") or not os.path.isfile(path):
             continue
         text = read_text(path)
@@ -145,4 +148,4 @@ def collect(src):
             unreadable.append(name)
         else:
             files[name] = text
-    return {"src": src, "exists": True, "files": files, "unreadable": unreadable}
+    return {"src": src, "exists": True, "files": files, "unreadable": unreadable, "links": links}

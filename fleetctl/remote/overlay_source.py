@@ -65,13 +65,20 @@ class Dist(object):
         self.regex = prefix_regex(prefix)
         self.cache = cache
         self.moved = {}  # rel -> (digest, size) of relocated files, so RECORD needs no second read
+        self.real_prefix = None
 
     def skip(self, rel):
         return rel.endswith(".pyc") or "__pycache__/" in rel or rel == self.entry + "/RECORD"
 
     def path(self, rel):
+        """The file a RECORD path names, None when it leaves the venv: by its name (``..``, absolute)
+        or through a symlink (whose target is never read and sent)."""
         path = os.path.normpath(os.path.join(self.site, rel))
-        return path if path.startswith(self.prefix + "/") else None
+        if not path.startswith(self.prefix + "/"):
+            return None
+        if self.real_prefix is None:
+            self.real_prefix = os.path.realpath(self.prefix)
+        return path if os.path.realpath(path).startswith(self.real_prefix + "/") else None
 
     def content(self, rel):
         """The bytes `rel` must have on the target, and whether they were relocated; None if absent."""

@@ -14,6 +14,7 @@
 #     from stdin: it runs the given ssh argv itself (the source host's own overlay_source stream
 #     command), sends it the source's params and reads the framed stream from its stdout.
 import email.parser
+import errno
 import hashlib
 import io
 import json
@@ -360,6 +361,10 @@ class DirectSource(object):
         self.proc.wait()
 
 
+class DiskFull(Exception):
+    """The target venv's filesystem filled up during the transfer."""
+
+
 def apply(plan, read):
     """1. note temp names in a journal; 2. new files land (temp + rename) as the stream brings
     them; 3. old files the new RECORD no longer lists are removed; 4. old dist-info removed, new
@@ -369,12 +374,21 @@ def apply(plan, read):
     applier.begin()
     source = Decompressor(read)
     received = set()
-    with tarfile.open(fileobj=source, mode="r|") as tar:
-        for member in tar:
-            if member.isfile():
-                applier.land(member, tar.extractfile(member).read())
-                received.add(os.path.normpath(member.name))
-    source.finish()
+    member = None
+    try:
+        with tarfile.open(fileobj=source, mode="r|") as tar:
+            for member in tar:
+                if member.isfile():
+                    applier.land(member, tar.extractfile(member).read())
+                    received.add(os.path.normpath(member.name))
+        source.finish()
+    except (IOError, OSError) as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        applier.clear_leftovers()  # the journal stays: the next run knows this one did not finish
+        raise DiskFull("no space left on device in %s (writing %s); temporary files removed, %d files written "
+                       "(each whole), the old dist-info still in place: run again when there is room"
+                       % (applier.prefix, member.name if member is not None else "?", applier.written))
     missing = sorted(set(os.path.normpath(r) for r in plan["expect"]) - received)
     if missing:
         raise IOError("the stream lacked %d files, e.g. %s" % (len(missing), missing[0]))

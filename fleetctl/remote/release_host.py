@@ -26,6 +26,10 @@ import time
 _LOCK = {"fd": None}
 
 
+class DiskFull(Exception):
+    """The filesystem holding the releases filled up during a build."""
+
+
 def main(params):
     op = params.get("op")
     handler = OPS.get(op)
@@ -37,24 +41,74 @@ def main(params):
 # --- lock ---------------------------------------------------------------------------------------
 
 def op_lock(params):
-    """Take the host's deploy lock for this agent's lifetime; answer who holds it when refused."""
+    """Take the host's deploy lock for this agent's lifetime; answer who holds it when refused.
+
+    The lock is a flock held by the run's agent: the kernel drops it when that process dies, so a
+    dead agent never leaves a lock. An agent outlives its run only while its SSH session does
+    (the controller vanished behind a half-open connection, or the agent is busy in a long
+    operation when its run was killed). ``break_holder`` (the holding agent's pid and start time,
+    as a refusal reported them) ends exactly that agent, after which the lock is taken."""
     state_dir = params["state_dir"]
     os.makedirs(state_dir, exist_ok=True)
     if _LOCK["fd"] is not None:
         return {"locked": True}
     path = os.path.join(state_dir, "deploy.lock")
+    broke, deadline = None, 0.0
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (IOError, OSError) as exc:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except (IOError, OSError) as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+        holder = read_json(path + ".holder") or {}
+        holder["agent_alive"] = process_start(holder.get("agent_pid")) not in (None, "")
+        wanted = params.get("break_holder") or {}
+        if broke is None and holder["agent_alive"] and wanted.get("agent_pid") == holder.get("agent_pid") \
+                and wanted.get("agent_start") == holder.get("agent_start"):
+            broke = holder
+            end_process(holder["agent_pid"], holder["agent_start"])
+            deadline = time.time() + 10
+            continue
+        if broke is not None and time.time() < deadline:
+            time.sleep(0.05)  # the flock goes when the process has exited
+            continue
         os.close(fd)
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        return {"locked": False, "holder": read_json(path + ".holder") or {}}
+        return {"locked": False, "holder": holder}
     _LOCK["fd"] = fd
-    holder = dict(params.get("holder") or {}, agent_pid=os.getpid(), since=time.time())
+    holder = dict(params.get("holder") or {}, agent_pid=os.getpid(), agent_start=process_start(os.getpid()),
+                  since=time.time())
     write_json(path + ".holder", holder)
-    return {"locked": True}
+    return {"locked": True, "broke": broke} if broke else {"locked": True}
+
+
+def process_start(pid):
+    """A process's start time in clock ticks (field 22 of /proc/PID/stat), or None when it is gone:
+    with the pid it names one process, never a later one that reused the pid."""
+    try:
+        with open("/proc/%d/stat" % int(pid), "r") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (IOError, OSError, TypeError, ValueError):
+        return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]  # a zombie has exited
+
+
+def end_process(pid, start):
+    """SIGTERM, then SIGKILL after 5 s, to exactly that process (pid and start time)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if process_start(pid) != start:
+            return
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline and process_start(pid) == start:
+            time.sleep(0.05)
 
 
 def op_unlock(params):
@@ -190,26 +244,35 @@ def op_build(params):
     os.makedirs(rels, exist_ok=True)
     tmp = os.path.join(rels, ".%s.tmp-%d" % (params["release_id"], os.getpid()))
     clear_stale_tmp(rels, params["release_id"])
-    venv = os.path.join(tmp, "venv")
-    stats = clone_tree(params["base_venv"], venv)
-    stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
-    manifest = dict(params["manifest"], created=time.time(), venv_files={})
-    site_rel = os.path.relpath(params["site"], params["base_venv"])
-    for rel, text in sorted((params.get("files") or {}).items()):
-        path = safe_join(os.path.join(venv, site_rel), rel)
-        if text is None:
-            if os.path.lexists(path):
-                os.unlink(path)
-            continue
-        data = text.encode("utf-8")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, data, file_mode(path))
-        manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
-    write_host_files(tmp, params)
-    if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
-        manifest["kernel_files"] = write_kernel_files(tmp, params["kernel_files"])
-    write_json(os.path.join(tmp, "manifest.json"), manifest)
-    os.rename(tmp, final)  # published whole
+    try:
+        venv = os.path.join(tmp, "venv")
+        stats = clone_tree(params["base_venv"], venv)
+        stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
+        manifest = dict(params["manifest"], created=time.time(), venv_files={})
+        site_rel = os.path.relpath(params["site"], params["base_venv"])
+        for rel, text in sorted((params.get("files") or {}).items()):
+            path = safe_join(os.path.join(venv, site_rel), rel)
+            if text is None:
+                if os.path.lexists(path):
+                    os.unlink(path)
+                continue
+            data = text.encode("utf-8")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data, file_mode(path))
+            manifest["venv_files"][os.path.join(site_rel, rel)] = hashlib.sha256(data).hexdigest()
+        write_host_files(tmp, params)
+        if params.get("kernel_files"):  # fleetctl kernels: the folder SGLANG_MOE_CONFIG_DIR names
+            manifest["kernel_files"] = write_kernel_files(tmp, params["kernel_files"])
+        write_json(os.path.join(tmp, "manifest.json"), manifest)
+        os.rename(tmp, final)  # published whole
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed build leaves no temporary folder behind
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            written = str(exc.filename2 or exc.filename or "?")  # copies name the source first, the target second
+            where = os.path.relpath(written, tmp) if written.startswith(tmp + "/") else written
+            raise DiskFull("no space left on device in %s (writing %s of release %s); the partial release "
+                           "was removed, nothing switched" % (rels, where, params["release_id"]))
+        raise
     return dict(stats, built=True, path=final)
 
 

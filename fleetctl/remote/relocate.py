@@ -63,13 +63,18 @@ def atomic_write(path, data, mode=None, mtime=None):
     if os.path.lexists(tmp):
         os.unlink(tmp)  # a leftover of an interrupted write: never reuse its (maybe wider) mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode & 0o7777)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    if mode is not None:
-        os.chmod(tmp, mode & 0o7777)
-    if mtime is not None:
-        os.utime(tmp, (mtime, mtime))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode & 0o7777)
+        if mtime is not None:
+            os.utime(tmp, (mtime, mtime))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)  # a full disk (or any failure) leaves no temporary file behind
+        raise
 
 
 def relocate_file(path, old_prefix, new_prefix):

@@ -57,6 +57,16 @@ def paths(params):
     return os.path.join(folder, name + ".pid"), os.path.join(folder, name + ".log")
 
 
+def unquote(value):
+    """A value as systemd's EnvironmentFile reads it: shell-style quotes removed, nothing expanded."""
+    import shlex
+
+    try:
+        return " ".join(shlex.split(value, comments=False, posix=True))
+    except ValueError:
+        return value
+
+
 def read_env(path):
     env = {}
     try:
@@ -65,7 +75,7 @@ def read_env(path):
                 line = line.strip()
                 if line and not line.startswith("#") and "=" in line:
                     key, _, value = line.partition("=")
-                    env[key.strip()] = value
+                    env[key.strip()] = unquote(value)
     except (IOError, OSError):
         pass
     return env

@@ -78,7 +78,7 @@ def run(python, path, params):
         out, err = stop(proc)
     result = {"rc": proc.returncode, "timed_out": timed_out, "duration_s": round(time.perf_counter() - start, 3)}
     for key, data in (("stdout", out), ("stderr", err)):
-        text = (data or b"").decode("utf-8", "replace")
+        text = (data or b"").decode("utf-8", "backslashreplace")  # bytes that are not UTF-8 as \xNN
         result[key] = text[:limit]
         result[key + "_truncated"] = len(text) > limit
     return result

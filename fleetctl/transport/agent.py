@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fleetctl.errors import AgentError, RemoteOperationError
+from fleetctl.errors import AgentError, ConnectError, RemoteOperationError
 from fleetctl.transport.base import Connector, Stream
 
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code, shipped as source
@@ -177,6 +177,12 @@ class AgentClient:
         except TimeoutError:
             raise self._fail(f"gave no answer within {timeout:g}s (stopped)") from None
         except (EOFError, OSError) as exc:
+            lost = getattr(self._stream, "connection_lost", None)
+            if lost is not None and lost():
+                self._drop()
+                self._died = True
+                raise ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): "
+                                              "the host's SSH server or network went away") from None
             raise self._fail(f"died ({type(exc).__name__})") from None
         if answer.get("id") != msg["id"]:
             raise self._fail("answered out of order")

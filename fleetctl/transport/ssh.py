@@ -16,7 +16,33 @@ from typing import Any
 from fleetctl.errors import CommandError, ConnectError, HostKeyError
 from fleetctl.transport import hostkeys
 from fleetctl.transport.base import CommandResult
-from fleetctl.transport.output import tail_text
+from fleetctl.transport.output import BoundedCapture, tail_text
+
+PID_TAG = "@@FLEETCTL-PID "
+
+
+class _PidReader:
+    """Takes the shell's pid line off the front of a command's stderr."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._pending: bytes | None = b""
+
+    def strip(self, data: bytes) -> bytes:
+        if self._pending is None:
+            return data
+        self._pending += data
+        line, sep, rest = self._pending.partition(b"\n")
+        if not sep:
+            if len(self._pending) > 256:  # not our line after all
+                data, self._pending = self._pending, None
+                return data
+            return b""
+        self._pending = None
+        if line.startswith(PID_TAG.encode()) and line[len(PID_TAG):].isdigit():
+            self.pid = int(line[len(PID_TAG):])
+            return rest
+        return line + sep + rest
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,14 @@ class ChannelStream:
 
     def alive(self) -> bool:
         return not (self.channel.closed or self.channel.exit_status_ready())
+
+    def connection_lost(self, grace: float = 1.0) -> bool:
+        """Whether the SSH connection itself is gone (not just this channel): the host went away."""
+        transport = self.channel.get_transport()
+        deadline = time.monotonic() + grace
+        while transport is not None and transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the transport notices a dropped socket just after its channels do
+        return transport is None or not transport.is_active()
 
     def stderr_tail(self) -> str:
         self._drain_stderr()
@@ -123,19 +157,52 @@ class SSHConnector:
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        from invoke.exceptions import CommandTimedOut
+        """``command`` through the login shell on its own channel. Output is kept in bounded memory
+        (``BoundedCapture``); at the timeout the command's whole process group is killed on the host
+        (sshd made the shell a session leader; it says its pid first, on stderr)."""
+        import select
 
         conn = self._open()
         start = time.monotonic()
+        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
+        chan.exec_command(f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
+        chan.shutdown_write()  # stdin is empty
+        out, err = BoundedCapture(), BoundedCapture()
+        deadline = None if timeout is None else start + timeout
+        pid = _PidReader()
         try:
-            res = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
-        except CommandTimedOut as exc:
-            raise CommandError(self.host, command, None, tail_text(exc.result.stderr)) from None
-        elapsed = time.monotonic() - start
-        # Invoke can return (exit -1) before its timer thread has finished: still a timeout.
-        if timeout is not None and res.exited == -1 and elapsed >= timeout:
-            raise CommandError(self.host, command, None, tail_text(res.stderr))
-        return CommandResult(command, res.exited, res.stdout, res.stderr, elapsed)
+            while True:
+                busy = False
+                while chan.recv_ready():
+                    out.add(chan.recv(65536))
+                    busy = True
+                while chan.recv_stderr_ready():
+                    err.add(pid.strip(chan.recv_stderr(65536)))
+                    busy = True
+                if not busy and chan.exit_status_ready():
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._kill_group(pid.pid)
+                    raise CommandError(self.host, command, None, tail_text(err.text()))
+                if not busy:
+                    left = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                    select.select([chan], [], [], left)
+            rc = chan.recv_exit_status()
+        finally:
+            chan.close()
+        return CommandResult(command, rc, out.text(), err.text(), time.monotonic() - start)
+
+    def _kill_group(self, pid: int | None) -> None:
+        """End a timed-out command and everything it started (its process group) on the host."""
+        if pid is None:
+            return
+        try:
+            chan = self._open().client.get_transport().open_session(timeout=self.target.connect_timeout)
+            chan.exec_command(f"kill -TERM -- -{pid} 2>/dev/null; sleep 1; kill -KILL -- -{pid} 2>/dev/null; true")
+            chan.recv_exit_status()
+            chan.close()
+        except Exception:  # best effort: the session's end closes the command's pipes anyway
+            pass
 
     def put(self, local_path: str, remote_path: str) -> None:
         self._open().put(local_path, remote_path)

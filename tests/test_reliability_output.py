@@ -1,0 +1,113 @@
+"""Hostile output from hosts: 100 MB, never ending, not UTF-8, binary, terminal escapes. The
+controller's memory stays bounded (peak RSS of a real fleetctl process), -T ends the command and
+everything it started on the host, naming the host; output stays readable and --json valid."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_support import run_cli
+from lab_support import REPO, LabHandle
+
+pytestmark = pytest.mark.lab
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+MB = 1024 * 1024
+
+
+def _fleetctl(lab: LabHandle, *args: str) -> tuple[int, str, int]:
+    """A real fleetctl process: exit code, stdout, and its peak RSS in bytes (wait4's rusage)."""
+    proc = subprocess.Popen([FLEETCTL, "-i", str(lab.inventory_path), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=REPO)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, out.decode(), usage.ru_maxrss * 1024
+
+
+def _no_process(marker: str) -> bool:
+    """Lab hosts share this machine's pid namespace: nothing anywhere still runs ``marker``."""
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    return found.stdout.strip() == ""
+
+
+def test_shell_100mb_and_endless_output_bounded_and_ended_by_timeout(lab_fleet: LabHandle) -> None:
+    rc, out, small = _fleetctl(lab_fleet, "-l", "lab1", "shell", "--json", "echo hi")
+    assert rc == 0 and json.loads(out)["hosts"]["lab1"]["value"]["stdout"] == "hi\n"
+    # 100 MB, then exit: the run completes with head and tail kept, the middle counted
+    rc, out, big = _fleetctl(lab_fleet, "-l", "lab1,lab2", "shell", "--json",
+                             "head -c 100000000 /dev/zero | tr '\\0' x; echo; echo END")
+    doc = json.loads(out)
+    assert rc == 0, doc
+    text = doc["hosts"]["lab1"]["value"]["stdout"]
+    assert text.startswith("xxxx") and text.endswith("x\nEND\n")
+    assert "bytes of output left out]" in text and len(text) < 2 * MB
+    assert big < small + 40 * MB, (small, big)
+    # never ends, prints without end, and starts a child that would outlive it: -T ends all of it
+    rc, out, endless = _fleetctl(lab_fleet, "-T", "3", "-l", "lab1,lab2", "shell", "--json",
+                                 'if [ "$(hostname)" = lab1 ]; then sleep 3797 & yes fleetctl-flood; fi; echo quick')
+    doc = json.loads(out)["hosts"]
+    assert rc == 2
+    assert doc["lab1"]["status"] == "failed" and "timed out" in doc["lab1"]["reason"]
+    assert doc["lab2"]["status"] == "ok" and doc["lab2"]["value"]["stdout"] == "quick\n"
+    assert endless < small + 40 * MB, (small, endless)
+    assert _no_process("sleep 3797") and _no_process("yes fleetctl-flood")
+    human = run_cli_text(lab_fleet, "-T", "2", "-l", "lab1", "shell", "sleep 3798")
+    assert "lab1" in human and "timed out" in human
+    assert _no_process("sleep 3798")
+
+
+def run_cli_text(lab: LabHandle, *args: str) -> str:
+    proc = subprocess.run([FLEETCTL, "-i", str(lab.inventory_path), *args], capture_output=True, text=True, cwd=REPO)
+    return proc.stdout + proc.stderr
+
+
+def test_probe_script_flood_bounded_and_timeout(lab_fleet: LabHandle, tmp_path: Path) -> None:
+    flood = tmp_path / "flood.py"
+    flood.write_text("import sys\nfor _ in range(100):\n    sys.stdout.write('y' * 1000000)\nprint('END')\n")
+    rc, out, big = _fleetctl(lab_fleet, "-l", "lab1", "probe", "script", str(flood), "--json")
+    doc = json.loads(out)["hosts"]["lab1"]
+    assert rc == 0, doc
+    assert doc["value"]["stdout_truncated"] is True and len(doc["value"]["text"]) == MB
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\nprint('started', flush=True)\ntime.sleep(3799)\n")
+    rc, out, _ = _fleetctl(lab_fleet, "-T", "2", "-l", "lab1", "probe", "script", str(hang), "--json")
+    doc = json.loads(out)["hosts"]["lab1"]
+    assert rc == 2 and doc["reason"] == "timed out after 2s (killed)"
+    assert doc["value"]["text"] == "started\n"
+    assert _no_process("time.sleep(3799)") and _no_process("hang.py")
+    assert big < 200 * MB
+
+
+BINARY = "printf 'ok \\377\\376 nul:\\000 esc:\\033[2J bell:\\007 caf\\303\\251\\n'"
+
+
+def test_binary_and_non_utf8_output_readable_and_valid_json(lab_fleet: LabHandle, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    inv = str(lab_fleet.inventory_path)
+    expected = "ok \\xff\\xfe nul:\\x00 esc:\\x1b[2J bell:\\x07 café\n"
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "shell", "--json", BINARY + " >&2; " + BINARY)
+    assert r.rc == 0, r.err
+    value = r.json()["hosts"]["lab1"]["value"]
+    assert value["stdout"] == expected and value["stderr"] == expected
+    human = run_cli(capsys, "-i", inv, "-l", "lab1", "shell", BINARY)
+    assert expected.strip() in human.out and "\x1b[2J" not in human.out and "\x00" not in human.out
+    script = tmp_path / "binary.py"
+    script.write_text(textwrap.dedent("""\
+        import sys
+        sys.stdout.buffer.write(b"ok \\xff\\xfe nul:\\x00 esc:\\x1b[2J bell:\\x07 caf\\xc3\\xa9\\n")
+        sys.stderr.buffer.write(b"\\x1b]0;title\\x07warn \\xff\\n")
+        """))
+    p = run_cli(capsys, "-i", inv, "-l", "lab1,lab2", "probe", "script", str(script), "--json")
+    assert p.rc == 0, p.err
+    for host in ("lab1", "lab2"):
+        v = p.json()["hosts"][host]["value"]
+        assert v["text"] == expected and v["stderr"] == "\\x1b]0;title\\x07warn \\xff\n"
+    human = run_cli(capsys, "-i", inv, "-l", "lab1", "probe", "script", str(script))
+    assert human.rc == 0 and expected.strip() in human.out and "\x1b" not in human.out + human.err

@@ -1,0 +1,181 @@
+"""Faults during deploy on the lab fleet, each ending with the state of every host checked: a bad
+service (exits, gate fails, /health hangs) rolled back within the gate's timeout; a disk that
+fills during the build; a host whose sshd dies mid-deploy, then a re-run that finishes the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_support import run_cli
+from lab_support import REPO, LabHandle
+from reliability_support import assert_whole, release_state, served_release, write_spec
+
+from fleetctl.release.spec import load_spec
+
+pytestmark = pytest.mark.lab
+RELEASES = REPO / "playbooks" / "releases"
+PLAIN = RELEASES / "sglang-0.5.23-lab.yml"
+DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+CLEAN = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+         "rm -rf /opt/fleetctl/* /var/lib/fleetctl; true")
+
+
+# A base venv under /opt: releases cloned from it are hard links (same filesystem), so a deploy
+# takes about a second, and every fault test can afford its own.
+BASE = "/opt/ml-base"
+STEADY = """\
+    service:
+      standin: true
+      args: [--speculative-algorithm, DFLASH]
+    health: {timeout: 30, interval: 0.2}
+    """
+
+
+@pytest.fixture(scope="module")
+def deployed_lab(release_free_lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabHandle]:
+    """lab1 and lab3 running a steady release over /opt/ml-base (the one every fault falls back to)."""
+    lab = release_free_lab
+    for host in ("lab1", "lab3"):
+        lab.ssh(host, f"rm -rf {BASE} && cp -a /root/ml-env {BASE}")
+    steady = write_spec(tmp_path_factory.mktemp("steady"), "steady", STEADY, base=BASE)
+    r = subprocess.run([FLEETCTL, "-i", str(lab.inventory_path), "-l", "lab1,lab3", "deploy", str(steady)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    yield lab
+    for host in ("lab1", "lab3"):
+        lab.ssh(host, CLEAN + f"; rm -rf {BASE}")
+
+
+SICK = {
+    "exits": ("args: [--speculative-algorithm, NOSUCH]\n", "GET /health", "the service exited"),
+    "503": ("args: [--standin-health-status, '503']\n", "GET /health", "not healthy within 3s (last: HTTP 503)"),
+    "hangs": ("args: [--standin-health-hang]\n", "GET /health", "not healthy within 3s (last: timeout"),
+    "threshold": ("args: [--speculative-algorithm, DFLASH, --standin-accept-length, '1.5']\n",
+                  "/server_info internal_states.0.avg_spec_accept_length >= 2",
+                  "internal_states.0.avg_spec_accept_length = 1.5"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(SICK))
+def test_bad_service_rolled_back_within_the_gate_timeout(deployed_lab: LabHandle, tmp_path: Path, fault: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args, gate, detail = SICK[fault]
+    spec = write_spec(tmp_path, f"sick-{fault}", f"""\
+        service:
+          standin: true
+          {args.strip()}
+        health:
+          timeout: 3
+          interval: 0.2
+          thresholds: [{{field: internal_states.0.avg_spec_accept_length, min: 2}}]
+        """, base=BASE)
+    before = {h: release_state(deployed_lab, h)["current"] for h in ("lab1", "lab3")}
+    r = run_cli(capsys, "-i", str(deployed_lab.inventory_path), "-l", "lab1", "deploy", str(spec), "--json")
+    assert r.rc == 2, r.out + r.err
+    lab1 = r.json()["hosts"]["lab1"]
+    assert lab1["status"] == "failed" and lab1["value"]["outcome"] == "rolled-back"
+    failed = lab1["value"]["gates"][-1]
+    assert (failed["name"], failed["ok"]) == (gate, False) and detail in failed["detail"], failed
+    assert lab1["reason"] == f"health gate failed: {gate}: {failed['detail']}; rolled back to {before['lab1']}"
+    # within the gate's timeout (3 s), plus one last status call: a hanging /health cannot stretch it
+    assert sum(g["seconds"] for g in lab1["value"]["gates"]) < 3 + 2
+    assert lab1["value"]["rollback_gates"][0]["ok"] is True
+    for host in ("lab1", "lab3"):
+        assert_whole(deployed_lab, host, before[host], base=BASE)
+        assert served_release(deployed_lab, host) == before[host]
+    st = run_cli(capsys, "-i", str(deployed_lab.inventory_path), "-l", "lab1", "status", "--json")
+    assert st.json()["hosts"]["lab1"]["value"]["current"] == before["lab1"]
+    assert st.json()["hosts"]["lab1"]["value"]["health"] == "200"
+
+
+def test_disk_full_during_the_build_fails_cleanly(deployed_lab: LabHandle, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """lab2's /opt/fleetctl becomes a small tmpfs (in lab2's own mount namespace); after one release
+    it is filled up to a few pages, and the next release's build runs out of space."""
+    lab, tiny = deployed_lab, "/root/tiny-env"
+    first = write_spec(tmp_path, "tiny", "service: {standin: true}\nhealth: {timeout: 30, interval: 0.2}\n",
+                       base=tiny, sglang=False)
+    second = write_spec(tmp_path, "tiny2", "service: {standin: true}\nhealth: {timeout: 30, interval: 0.2}\n",
+                        base=tiny, sglang=False)
+    one, two = load_spec(first).release_id, load_spec(second).release_id
+    lab.ssh("lab2", f"{CLEAN}; rm -rf {tiny} && /usr/bin/python3 -m venv --without-pip {tiny} && "
+                    "mkdir -p /opt/fleetctl && mount -t tmpfs -o size=2m fleetctl-full /opt/fleetctl")
+    inv = str(lab.inventory_path)
+    try:
+        assert run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(first)).rc == 0
+        lab.ssh("lab2", "dd if=/dev/zero of=/opt/fleetctl/filler bs=4k 2>/dev/null "
+                        "count=$(( $(stat -f -c %a /opt/fleetctl) - 2 ))")  # two pages left
+        r = run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(second), "--json")
+        assert r.rc == 2
+        reason = r.json()["hosts"]["lab2"]["reason"]
+        assert reason.startswith("release_host: DiskFull: no space left on device in /opt/fleetctl/releases "
+                                 "(writing "), reason
+        assert reason.endswith(f" of release {two}); the partial release was removed, nothing switched"), reason
+        human = run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(second))
+        assert "lab2: failed: release_host: DiskFull: no space left on device in /opt/fleetctl/releases" in \
+            " ".join(human.err.split())
+        assert_whole(lab, "lab2", one, base=tiny)  # the previous release intact, no temporary folder left
+        assert served_release(lab, "lab2") == one
+        assert lab.ssh("lab2", "ls -A /opt/fleetctl/releases").stdout.split() == [one]
+        # room again: the same run finishes the job
+        lab.ssh("lab2", "rm /opt/fleetctl/filler")
+        done = run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(second))
+        assert done.rc == 0, done.out + done.err
+        assert_whole(lab, "lab2", two, base=tiny)
+    finally:
+        lab.ssh("lab2", f"{CLEAN}; umount /opt/fleetctl; rm -rf {tiny}", check=False)
+    assert lab.ssh("lab2", "findmnt -n /opt/fleetctl; true").stdout.strip() == ""
+
+
+def test_sshd_killed_mid_deploy_then_rerun_finishes(deployed_lab: LabHandle, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """lab1's sshd and every process of its sessions die while its new release waits for /health."""
+    lab = deployed_lab
+    slow = write_spec(tmp_path, "slow", """\
+        service:
+          standin: true
+          args: [--standin-start-delay, "6"]
+        health: {timeout: 60, interval: 0.2}
+        """, base=BASE)
+    new = load_spec(slow).release_id
+    old = {h: release_state(lab, h)["current"] for h in ("lab1", "lab3")}
+    proc = subprocess.Popen([FLEETCTL, "-i", str(lab.inventory_path), "-l", "lab1,lab3", "deploy", str(slow),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        for _ in range(600):  # until lab1 has switched to the new release (its gate now waits)
+            if lab.ssh("lab1", "readlink /opt/fleetctl/current", check=False).stdout.strip().endswith(new):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        lab.stop("lab1")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2, out + err
+    hosts = json.loads(out)["hosts"]
+    assert hosts["lab3"]["status"] == "ok" and hosts["lab3"]["value"]["outcome"] == "deployed"
+    assert hosts["lab1"]["status"] == "unreachable"
+    # the agent's connection dropped mid-call ("connection lost"), or its restart found sshd gone
+    assert hosts["lab1"]["reason"].startswith(("connection lost during the run",
+                                                f"cannot connect to {lab.addresses['lab1']}:22")), hosts["lab1"]
+    lab.start("lab1")
+    state = release_state(lab, "lab1")
+    assert state["current"] in (old["lab1"], new)  # old or new, whole either way
+    assert_whole(lab, "lab1", state["current"], base=BASE)
+    assert_whole(lab, "lab3", new, base=BASE)
+    again = run_cli(capsys, "-i", str(lab.inventory_path), "-l", "lab1,lab3", "deploy", str(slow), "--json")
+    assert again.rc == 0, again.out + again.err
+    outcomes = {h: v["value"]["outcome"] for h, v in again.json()["hosts"].items()}
+    assert outcomes == {"lab1": "deployed", "lab3": "unchanged"}
+    for host in ("lab1", "lab3"):
+        assert_whole(lab, host, new, base=BASE)
+        assert served_release(lab, host) == new
