@@ -6,6 +6,7 @@ The core returns data; this module alone decides how it looks. No core module pr
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -20,7 +21,10 @@ STATUS_STYLE = {Status.OK: "green", Status.FAILED: "red", Status.UNREACHABLE: "m
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 140  # a log or a pipe: release ids and paths need not wrap at 80 columns
+    return out
 
 
 def emit_json(doc: Any) -> None:

@@ -29,10 +29,10 @@ ls -1 "$DEMO/wheelhouse"
 
 P=playbooks
 step "Provision (playbook): GPU baseline from facts, then the base venv exactly from a lock, offline" \
-  f -l 'lab:!lab4' run $P/provision.yml -e target=lab -e base_lock="$PWD/$DEMO/sglang-0.5.23.lock" \
+  f -l 'lab:!lab4' run $P/provision.yml -e target=lab -e venv=/root/ml-env -e base_lock="$PWD/$DEMO/sglang-0.5.23.lock" \
     -e wheelhouse="$PWD/$DEMO/wheelhouse"
 step "lab4 is an older host: provisioned with sglang 0.5.9" \
-  f -l lab4 run $P/provision.yml -e target=lab -e base_lock="$PWD/$DEMO/sglang-0.5.9.lock" \
+  f -l lab4 run $P/provision.yml -e target=lab -e venv=/root/ml-env -e base_lock="$PWD/$DEMO/sglang-0.5.9.lock" \
     -e wheelhouse="$PWD/$DEMO/wheelhouse"
 step "Drift audit: lab4 stands out (venvs installed with --no-deps: unsatisfied requirements skipped)" \
   f drift --venv /root/ml-env --skip unsatisfied

@@ -109,11 +109,20 @@ def journal_events(lab: LabHandle, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_rollout_over_four_hosts_in_steps(lab: LabHandle, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    book = playbook(tmp_path, rollout([1, "50%", "100%"], [{"wait_http": {"path": "/health", "timeout": 30}}],
-                                      max_fail_percentage=0, on_failure="rollback_all"))
-    r = run(capsys, lab, str(book), "--json")
+def test_repo_playbooks_provision_roll_out_audit_and_roll_back(lab: LabHandle, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The playbooks in playbooks/ as a user runs them against a lab: provision (check mode),
+    deploy-ddtree (canary 1 host, then 50%, then the rest), audit (read-only), rollback."""
+    lock = tmp_path / "sglang.lock"
+    lock.write_text(f"sglang=={NEW_SGLANG}\n")
+    target = ("-e", "target=lab", "-e", "venv=/root/ml-env")
+    prov = run(capsys, lab, str(REPO / "playbooks" / "provision.yml"), *target, "-e", f"base_lock={lock}",
+               "--check", "--json")
+    assert prov.rc == 0, prov.out + prov.err
+    assert {r["status"] for h in HOSTS for r in prov.json()["results"][h]} <= {"ok", "skipped"}
+
+    r = run(capsys, lab, str(REPO / "playbooks" / "deploy-ddtree.yml"), *target,
+            "-e", "release_spec=releases/ddtree-sglang-0.5.23-lab.yml", "--json")
     doc = r.json()
     assert r.rc == 0 and doc["status"] == "ok", r.err
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
@@ -132,6 +141,15 @@ def test_rollout_over_four_hosts_in_steps(lab: LabHandle, tmp_path: Path,
         s for s in listed if s["run_id"] == doc["run_id"]).items()
     shown = run_cli(capsys, "-i", str(lab.inventory_path), "runs", "show", doc["run_id"])
     assert shown.rc == 0 and "BATCH 3/3" in shown.out and "lab4" in shown.out
+
+    audit = run(capsys, lab, str(REPO / "playbooks" / "audit.yml"), *target, "-e", "golden_host=lab1", "--json")
+    assert audit.rc == 0, audit.out + audit.err
+    assert all(c["changed"] == 0 and c["failed"] == 0 for c in audit.json()["recap"].values())
+
+    back = run(capsys, lab, str(REPO / "playbooks" / "rollback.yml"), *target, "--json")
+    assert back.rc == 0, back.out + back.err
+    assert currents(lab) == dict.fromkeys(HOSTS, plain_id())
+    assert {serving(lab, h) for h in HOSTS} == {plain_id()}
 
 
 def test_canary_failing_its_health_gate_stops_the_rollout(lab: LabHandle, tmp_path: Path,

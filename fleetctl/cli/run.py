@@ -208,7 +208,8 @@ class Printer:
         self.out.print(render.table("recap", ["host", "ok", "changed", "failed", "unreachable", "skipped",
                                               "ignored", "rolled back"], rows))
         hint = f"; resume with: fleetctl run ... --resume {run_id}" if status in ("halted", "interrupted") else ""
-        self.out.print(render.cell(f"run {run_id}: {status} · journal {path} (fleetctl runs show {run_id}){hint}"))
+        self.out.print(render.cell(f"run {run_id}: {status} · journal {path} (fleetctl runs show {run_id}){hint}"),
+                       soft_wrap=True)
 
 
 def _esc(text: str) -> str:

@@ -308,7 +308,7 @@ class Runner:
         try:
             for cond in task.when:
                 if not _truthy(templating.evaluate(cond, variables)):
-                    return TaskResult(skipped=True, msg=f"when: {cond} is false")
+                    return TaskResult(skipped=True, msg=f"condition false: {cond}")
         except templating.TemplateProblem as exc:
             raise InputError(f"{where}: when: {exc}") from None
         until, reg = task.options.until, task.options.register_as
