@@ -274,11 +274,14 @@ def test_ctrl_c_stops_between_batches_and_resume_finishes(lab: LabHandle, tmp_pa
 
 
 def fingerprint(lab: LabHandle, host: str) -> str:
-    """Every path under the release root, the state folder and the base venv with its type, size,
-    mtime and link target (any write changes one); the lock file every run takes, the agent's
+    """Every file and link under the release root, the state folder and the base venv with its
+    size, mtime and target (any write changes one), and every folder by name (a folder's mtime
+    moves when the run's lock bookkeeping comes and goes); the lock files, the agent's
     compiled-code cache and bytecode are left out."""
-    cmd = ("cd / && find opt var/lib/fleetctl root/ml-env -not -path '*/__pycache__*' -not -name 'deploy.lock*'"
-           " -not -path 'var/lib/fleetctl/cache*' -printf '%p %y %s %T@ %l\\n' | sort | sha256sum")
+    skip = ("-not -path '*/__pycache__*' -not -name 'deploy.lock*' -not -path 'var/lib/fleetctl/cache*'")
+    cmd = (f"cd / && {{ find opt var/lib/fleetctl root/ml-env {skip} -type d -printf '%p/\\n'; "
+           f"find opt var/lib/fleetctl root/ml-env {skip} -not -type d -printf '%p %y %s %T@ %l\\n'; }}"
+           " | sort | sha256sum")
     return lab.ssh(host, cmd).stdout.split()[0]
 
 
