@@ -59,9 +59,15 @@ def _parse_connection(base: Path, host: str, v: Mapping[str, Any]) -> Connection
     kind_name = (_text(v, "ansible_connection") or "ssh").removeprefix("ansible.builtin.")
     if kind_name not in _CONNECTIONS:
         raise _BadVar(f"ansible_connection '{kind_name}' is not supported (expected ssh or local)")
+    hostname = _text(v, "ansible_host") or _text(v, "ansible_ssh_host") or host
+    if not hostname.strip() or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in hostname):
+        raise _BadVar(f"ansible_host {hostname!r} is not a host name or address")
+    secrets = v.get("secret_vars")
+    if secrets is not None and not (isinstance(secrets, list) and all(isinstance(n, str) for n in secrets)):
+        raise _BadVar(f"secret_vars must be a list of variable names, got {describe_type(secrets)}")
     return ConnectionSpec(
         kind=_CONNECTIONS[kind_name],
-        hostname=_text(v, "ansible_host") or _text(v, "ansible_ssh_host") or host,
+        hostname=hostname,
         port=_port(v, "ansible_port" if "ansible_port" in v else "ansible_ssh_port", 22),
         user=_text(v, "ansible_user") or _text(v, "ansible_ssh_user"),
         key_file=_path(v, "ansible_ssh_private_key_file", base) or _path(v, "ansible_private_key_file", base),

@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from fleetctl.connection import ConnectionSpec, connection_spec, describe_type
-from fleetctl.errors import InventoryError
+from fleetctl.errors import InputError, InventoryError
 from fleetctl.patterns import HostIndex, RangeError, expand_host_range, select_names, split_host_port
+from fleetctl.yamlfile import check_expansion
 
 SECTIONS = ("hosts", "vars", "children")
 _VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")  # Ansible's order: a bare NAME (or NAME/) first
@@ -182,11 +183,27 @@ class _LineLoader(_VarsLoader):
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
     data: dict[Any, Any] = {}
     yield data
+    _no_duplicate_keys(loader, node)
     data.update(loader.construct_mapping(node))
     loader.key_lines[id(data)] = {loader.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
 
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+def _no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping is an error naming its line (YAML keeps the last silently)."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        try:
+            key = loader.construct_object(key_node)
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:  # an unhashable key: reported where it is used
+            continue
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given at line {first})", key_node.start_mark)
 
 
 class _Lines:
@@ -214,7 +231,10 @@ def _read_text(path: Path, what: str) -> str:
         raise InventoryError(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise InventoryError(f"{path}: is a directory; expected a YAML {what}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise InventoryError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
         raise InventoryError(f"{path}: cannot read {what}: {exc}") from None
 
 
@@ -227,6 +247,10 @@ def _read_inventory(path: Path) -> tuple[Any, _Lines, int]:
         raise _yaml_error(path, exc) from None
     finally:
         loader.dispose()
+    try:
+        check_expansion(data, str(path))
+    except InputError as exc:
+        raise InventoryError(str(exc)) from None
     return data, _Lines(loader.key_lines), node.start_mark.line + 1 if node is not None else 1
 
 
@@ -235,6 +259,10 @@ def _load_vars_file(path: Path) -> dict[str, Any]:
         data = yaml.load(_read_text(path, "vars file"), Loader=_VarsLoader)  # noqa: S506 - safe loader
     except yaml.YAMLError as exc:
         raise _yaml_error(path, exc) from None
+    try:
+        check_expansion(data, str(path))
+    except InputError as exc:
+        raise InventoryError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -370,6 +398,8 @@ class _Parser:
             if host_vars is not None and not isinstance(host_vars, dict):
                 raise self.error(line, f"host '{key}' in group '{group}' must map to vars or nothing, "
                                  f"got {describe_type(host_vars)}")
+            if not key.strip() or any(ord(c) < 32 or ord(c) == 127 for c in key):
+                raise self.error(line, f"host name {key!r} in group '{group}' is empty or holds control characters")
             name, port = split_host_port(key)
             try:
                 names = expand_host_range(name)

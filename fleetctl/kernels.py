@@ -86,6 +86,8 @@ def validate_config(text: str, where: str) -> dict[str, dict[str, Any]]:
         data = json.loads(text)
     except ValueError as exc:
         raise KernelConfigError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise KernelConfigError(f"{where}: not valid JSON: nested too deeply") from None
     if not isinstance(data, dict) or not data:
         raise KernelConfigError(f"{where}: expected a non-empty object of batch sizes")
     for batch, entry in data.items():
@@ -157,7 +159,11 @@ def load_tuned(root: Path) -> TunedSet:
             raise KernelConfigError(f"{path}: tuned configs go in {root}/triton_X_Y_Z/ (the triton version "
                                     "they were tuned with)")
         name = parse_config_name(path.name, str(path))
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise KernelConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                                    f"{exc.start})") from None
         validate_config(text, str(path))
         files.append(TunedFile(rel.parts[0], name, text))
     readme = root / "README.md"

@@ -53,6 +53,9 @@ def _is_address(text: str) -> bool:
     return True
 
 
+MAX_RANGE_HOSTS = 100_000  # one range (or nested ranges) of a host entry; more is a typo, not a fleet
+
+
 def expand_host_range(name: str) -> list[str]:
     """Expand 'ct[129:131]', 'gpu[01:08]', 'n[a:c]', 'x[1:10:2]' (several ranges allowed).
 
@@ -67,6 +70,8 @@ def expand_host_range(name: str) -> list[str]:
     names: list[str] = []
     for item in _range_items(body):
         names.extend(expand_host_range(head + item + tail))
+        if len(names) > MAX_RANGE_HOSTS:
+            raise RangeError(f"host range in '{name}' expands to more than {MAX_RANGE_HOSTS} hosts")
     return names
 
 
@@ -93,6 +98,9 @@ def _range_items(body: str) -> list[str]:
         raise RangeError(f"host range '[{body}]' is zero-padded, so begin and end need the same width")
     if int(beg) > int(end):
         raise RangeError(f"host range '[{body}]' must have begin <= end")
+    if (int(end) - int(beg)) // step + 1 > MAX_RANGE_HOSTS:
+        raise RangeError(f"host range '[{body}]' expands to {(int(end) - int(beg)) // step + 1} hosts "
+                         f"(at most {MAX_RANGE_HOSTS})")
     return [str(i).zfill(width) for i in range(int(beg), int(end) + 1, step)]
 
 

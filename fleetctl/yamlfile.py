@@ -29,6 +29,7 @@ class _LineLoader(yaml.SafeLoader):
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
     data: dict[Any, Any] = {}
     yield data
+    _no_duplicate_keys(loader, node)
     data.update(loader.construct_mapping(node, deep=True))
     loader.key_lines[id(data)] = {loader.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
 
@@ -41,7 +42,53 @@ def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[lis
 
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+def _no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping is an error naming its line (YAML keeps the last silently)."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        try:
+            key = loader.construct_object(key_node)
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:  # an unhashable key: reported where it is used
+            continue
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given at line {first})", key_node.start_mark)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+
+
+MAX_EXPANDED = 1_000_000  # values a document may hold once its aliases are expanded
+
+
+def expanded_size(data: Any, limit: int = MAX_EXPANDED) -> int:
+    """How many values ``data`` holds with every YAML alias expanded (counted once per reference, in
+    time linear in the distinct objects); stops counting past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        if id(node) not in memo:
+            memo[id(node)] = 0  # a recursive alias counts as itself once
+            children = list(node.values()) if isinstance(node, dict) else node
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > limit:
+                    break
+            memo[id(node)] = total
+        return memo[id(node)]
+
+    return size(data)
+
+
+def check_expansion(data: Any, where: str) -> None:
+    """A "billion laughs" document (aliases of aliases) is refused before anything walks it."""
+    if expanded_size(data) > MAX_EXPANDED:
+        raise InputError(f"{where}: YAML aliases expand to more than {MAX_EXPANDED} values; refused")
 
 
 @dataclass
@@ -77,7 +124,10 @@ def load(path: Path, what: str) -> YamlDoc:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: {what} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
         raise InputError(f"{path}: cannot read {what}: {exc}") from None
     loader = _LineLoader(text)
     try:
@@ -91,6 +141,7 @@ def load(path: Path, what: str) -> YamlDoc:
     finally:
         loader.dispose()
     start = node.start_mark.line + 1 if node is not None else 1
+    check_expansion(data, str(path))
     return YamlDoc(path, data, loader.key_lines, loader.item_lines, start)
 
 

@@ -73,6 +73,21 @@ class Service(_Strict):
             return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
         return value
 
+    @field_validator("env")
+    @classmethod
+    def _env_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        from jinja2 import Environment, TemplateSyntaxError
+
+        for key, text in value.items():
+            if not key.isidentifier():
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if "{{" in text or "{%" in text:
+                try:
+                    Environment().parse(text)
+                except TemplateSyntaxError as exc:
+                    raise ValueError(f"{key}: template error: {exc.message}") from None
+        return value
+
 
 class ProbeGate(_Strict):
     symbol: str | None = None
