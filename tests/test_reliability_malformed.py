@@ -32,6 +32,8 @@ def _args(case: str, tmp_path: Path) -> list[str]:
         return ["-i", path, "hosts"]
     if kind == "spec":
         return ["-i", OK_INVENTORY, "deploy", path, "--check"]
+    if kind == "playbook":
+        return ["-i", OK_INVENTORY, "run", path]
     if kind == "kernels":
         return ["-i", OK_INVENTORY, "kernels", "plan", "--dir", path]
     assert kind == "patches", case
