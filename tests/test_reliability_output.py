@@ -118,3 +118,17 @@ def test_binary_and_non_utf8_output_readable_and_valid_json(lab_fleet: LabHandle
         assert v["text"] == expected and v["stderr"] == "\\x1b]0;title\\x07warn \\xff\n"
     human = run_cli(capsys, "-i", inv, "-l", "lab1", "probe", "script", str(script))
     assert human.rc == 0 and expected.strip() in human.out and "\x1b" not in human.out + human.err
+
+
+def test_local_connection_bounds_output_and_kills_the_group_at_the_timeout() -> None:
+    """``ansible_connection: local`` behaves as SSH does: bounded capture, the whole group killed."""
+    from fleetctl.errors import CommandError
+    from fleetctl.transport.local import LocalConnector
+
+    here = LocalConnector("here")
+    r = here.run("head -c 50000000 /dev/zero | tr '\\0' x; printf '\\377 \\033[2J\\n' >&2")
+    assert r.rc == 0 and r.stdout.startswith("xxx") and "bytes of output left out]" in r.stdout
+    assert len(r.stdout) < 2 * MB and r.stderr == "\\xff \\x1b[2J\n"
+    with pytest.raises(CommandError, match="timed out"):
+        here.run("sleep 3803 & yes fleetctl-local-flood", timeout=1)
+    assert _no_process("sleep 3803") and _no_process("yes fleetctl-local-flood")
