@@ -65,7 +65,7 @@ class Dist(object):
         self.regex = prefix_regex(prefix)
         self.cache = cache
         self.moved = {}  # rel -> (digest, size) of relocated files, so RECORD needs no second read
-        self.real_prefix = None
+        self.real_prefix, self.real_dirs = None, {}
 
     def skip(self, rel):
         return rel.endswith(".pyc") or "__pycache__/" in rel or rel == self.entry + "/RECORD"
@@ -78,7 +78,13 @@ class Dist(object):
             return None
         if self.real_prefix is None:
             self.real_prefix = os.path.realpath(self.prefix)
-        return path if os.path.realpath(path).startswith(self.real_prefix + "/") else None
+        folder = os.path.dirname(path)
+        if folder not in self.real_dirs:  # resolved once per folder, not per file
+            self.real_dirs[folder] = os.path.realpath(folder)
+        real = self.real_dirs[folder] + "/" + os.path.basename(path)
+        if os.path.islink(path):
+            real = os.path.realpath(path)
+        return path if (real + "/").startswith(self.real_prefix + "/") and real != self.real_prefix else None
 
     def content(self, rel):
         """The bytes `rel` must have on the target, and whether they were relocated; None if absent."""

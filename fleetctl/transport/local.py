@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import signal
 import subprocess
 import time
 from collections import deque
 
 from fleetctl.errors import CommandError
 from fleetctl.transport.base import CommandResult
-from fleetctl.transport.output import tail_text
+from fleetctl.transport.output import BoundedCapture, tail_text
 
 
 class LocalStream:
@@ -61,6 +62,14 @@ class LocalStream:
             self.proc.wait()
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: everything it started goes too
+    except OSError:
+        proc.kill()
+    proc.wait()
+
+
 class LocalConnector:
     """Runs commands and copies files on the controller."""
 
@@ -68,18 +77,33 @@ class LocalConnector:
         self.host = host
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        """As over SSH: output kept in bounded memory, the whole process group killed at the timeout."""
         start = time.monotonic()
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = BoundedCapture(), BoundedCapture()
+        captures = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        open_fds = set(captures)
+        deadline = None if timeout is None else start + timeout
         try:
-            proc = subprocess.run(
-                ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise CommandError(self.host, command, None, tail_text(exc.stderr or b"")) from None
-        return CommandResult(
-            command, proc.returncode, proc.stdout.decode("utf-8", "replace"),
-            proc.stderr.decode("utf-8", "replace"), time.monotonic() - start,
-        )
+            while open_fds:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    _kill_group(proc)
+                    raise CommandError(self.host, command, None, tail_text(err.text()))
+                ready, _, _ = select.select(list(open_fds), [], [], left)
+                for fd in ready:
+                    data = os.read(fd, 65536)
+                    if data:
+                        captures[fd].add(data)
+                    else:
+                        open_fds.discard(fd)
+            proc.wait()
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+        return CommandResult(command, proc.returncode, out.text(), err.text(), time.monotonic() - start)
 
     def put(self, local_path: str, remote_path: str) -> None:
         shutil.copyfile(local_path, remote_path)
