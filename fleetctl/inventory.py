@@ -19,7 +19,7 @@ import yaml
 from fleetctl.connection import ConnectionSpec, connection_spec, describe_type
 from fleetctl.errors import InputError, InventoryError
 from fleetctl.patterns import HostIndex, RangeError, expand_host_range, select_names, split_host_port
-from fleetctl.yamlfile import check_expansion
+from fleetctl.yamlfile import check_expansion, no_duplicate_keys
 
 SECTIONS = ("hosts", "vars", "children")
 _VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")  # Ansible's order: a bare NAME (or NAME/) first
@@ -183,28 +183,12 @@ class _LineLoader(_VarsLoader):
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
     data: dict[Any, Any] = {}
     yield data
-    _no_duplicate_keys(loader, node)
+    no_duplicate_keys(loader, node)
     data.update(loader.construct_mapping(node))
     loader.key_lines[id(data)] = {loader.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
 
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
-
-def _no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
-    """A key given twice in one mapping is an error naming its line (YAML keeps the last silently)."""
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        try:
-            key = loader.construct_object(key_node)
-            first = seen.setdefault(key, key_node.start_mark.line + 1)
-        except TypeError:  # an unhashable key: reported where it is used
-            continue
-        if first != key_node.start_mark.line + 1:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first given at line {first})", key_node.start_mark)
-
 
 class _Lines:
     def __init__(self, key_lines: dict[int, dict[Any, int]]) -> None:

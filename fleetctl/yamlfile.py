@@ -29,7 +29,7 @@ class _LineLoader(yaml.SafeLoader):
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
     data: dict[Any, Any] = {}
     yield data
-    _no_duplicate_keys(loader, node)
+    no_duplicate_keys(loader, node)
     data.update(loader.construct_mapping(node, deep=True))
     loader.key_lines[id(data)] = {loader.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
 
@@ -43,7 +43,7 @@ def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> Iterator[lis
 
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 
-def _no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
+def no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
     """A key given twice in one mapping is an error naming its line (YAML keeps the last silently)."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
