@@ -6,6 +6,7 @@ Every sample is checked (exit status and output) before it counts: a fast failur
 from __future__ import annotations
 
 import json
+import resource
 import shlex
 import subprocess
 import time
@@ -117,14 +118,24 @@ def openssh_script_job(
     return run
 
 
-def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order."""
+def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
+           cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order.
+
+    ``cpu`` gets, per job, the CPU seconds (user + system) its client processes used: the
+    command and everything it started on this side (not the lab hosts' sshd and interpreters).
+    """
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(warmup + runs):
         for name, job in jobs.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             took = job()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if i >= warmup:
                 samples[name].append(took)
+                if cpu is not None:
+                    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+                    cpu.setdefault(name, []).append(round(used, 4))
     return samples
 
 

@@ -260,7 +260,8 @@ class Lab:
         return samples
 
 
-def measure(count: int, runs: int, wanted: list[str], release: bool) -> dict[str, dict[str, list[float]]]:
+def measure(count: int, runs: int, wanted: list[str], release: bool,
+            cpu: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
     started = time.monotonic()
     fleet = lab_up(count, LAB_DIR, BASE)
     print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s", flush=True)
@@ -276,7 +277,7 @@ def measure(count: int, runs: int, wanted: list[str], release: bool) -> dict[str
         t0 = time.monotonic()
         tools = getattr(lab, job)()
         name = {"drift": "drift (fleetctl)", "inventory": "version inventory", "search": "source search"}.get(job, job)
-        out[name] = jobs.rounds(tools, runs)
+        out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}))
         print(f"  {name}: {time.monotonic() - t0:.1f}s", flush=True)
     return out
 
@@ -304,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = sorted(set(args.hosts))
     try:
         for count in counts:
-            doc["fleet"][str(count)] = measure(count, args.runs, wanted, release=count == counts[0])
+            cpu = doc.setdefault("client_cpu_s", {}).setdefault(str(count), {})
+            doc["fleet"][str(count)] = measure(count, args.runs, wanted, count == counts[0], cpu)
             doc.setdefault("load_during", {})[str(count)] = os.getloadavg()
     finally:
         lab_down(LAB_DIR, purge=True)

@@ -5,4 +5,4 @@ import platform
 import sys
 
 print(json.dumps({"hostname": platform.node(), "python": sys.executable,
-                  "python_version": "%d.%d.%d" % tuple(sys.version_info[:3])}))
+                  "python_version": ".".join(str(n) for n in sys.version_info[:3])}))
