@@ -119,18 +119,24 @@ def openssh_script_job(
 
 
 def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
-           cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+           cpu: dict[str, list[float]] | None = None, host_cpu: Callable[[], float] | None = None,
+           hosts: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order.
 
     ``cpu`` gets, per job, the CPU seconds (user + system) its client processes used: the
-    command and everything it started on this side (not the lab hosts' sshd and interpreters).
+    command and everything it started on this side. ``hosts`` gets what ``host_cpu()`` (CPU
+    seconds used so far by the lab hosts' processes) grew by during the job.
     """
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(warmup + runs):
         for name, job in jobs.items():
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            on_hosts = host_cpu() if host_cpu else 0.0
             took = job()
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if host_cpu and hosts is not None and i >= warmup:
+                time.sleep(0.05)  # let the hosts' sshd reap the sessions that just ended
+                hosts.setdefault(name, []).append(round(host_cpu() - on_hosts, 3))
             if i >= warmup:
                 samples[name].append(took)
                 if cpu is not None:

@@ -53,11 +53,12 @@ def _load(xs: list[float]) -> str:
     return " / ".join(f"{x:.2f}" for x in xs)
 
 
-def peer_table(samples: dict[str, dict[str, list[float]]], cpu: dict[str, dict[str, list[float]]]) -> list[str]:
+def peer_table(samples: dict[str, dict[str, list[float]]], cpu: dict[str, dict[str, list[float]]],
+               hosts: dict[str, dict[str, list[float]]]) -> list[str]:
     """Jobs every tool ran: median, spread, ratio to each OpenSSH bound, tool / fleetctl, client CPU."""
     lines = [_row(["job", "tool", "median s", "min", "max", "ratio to openssh", "ratio to openssh-x25519",
-                   "this / fleetctl", "client CPU s"]),
-             _row(["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:"])]
+                   "this / fleetctl", "client CPU s", "hosts' CPU s"]),
+             _row(["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"])]
     for job, tools in samples.items():
         if "fleetctl" not in tools or "openssh" not in tools:
             continue
@@ -67,9 +68,10 @@ def peer_table(samples: dict[str, dict[str, list[float]]], cpu: dict[str, dict[s
             s = stats(xs)
             name = f"**{tool}**" if tool == "fleetctl" else tool
             used = cpu.get(job, {}).get(tool)
+            remote = hosts.get(job, {}).get(tool)
             lines.append(_row([job, name, _f(s["median"]), _f(s["min"]), _f(s["max"]),
                                *[f"{s['median'] / b:.2f}" for b in bases], f"{s['median'] / fc:.2f}",
-                               _f(med(used)) if used else ""]))
+                               _f(med(used)) if used else "", _f(med(remote)) if remote else ""]))
     return lines
 
 
@@ -161,7 +163,9 @@ def write(doc: dict[str, Any]) -> str:
         "- ratio to openssh = median / openssh median (<= 1.0: as fast as the lower bound); this / fleetctl =",
         "  median / fleetctl median (2.5: fleetctl is 2.5x faster than this tool). client CPU = median user +",
         "  system CPU seconds of the command and every process it started on this side (the lab hosts' sshd",
-        "  and interpreters run on the same CPUs but are not in it).", "",
+        "  and interpreters run on the same CPUs but are not in it). hosts' CPU = CPU seconds used by every",
+        "  process in the lab hosts' namespaces during the command (sshd, sessions, interpreters); for",
+        "  ansible-core a lower bound (its ControlPersist sessions stay open, see bench/run.py).", "",
     ]
     if doc["targets"]:
         md += ["## Targets (issue 9, largest lab)", "", _row(["hosts", "job", "target", "measured", "met"]),
@@ -170,7 +174,8 @@ def write(doc: dict[str, Any]) -> str:
                for t in doc["targets"]]
         md.append("")
     for count, samples in doc["fleet"].items():
-        md += [f"## {count} hosts", "", *peer_table(samples, doc.get("client_cpu_s", {}).get(count, {})), ""]
+        md += [f"## {count} hosts", "", *peer_table(samples, doc.get("client_cpu_s", {}).get(count, {}),
+                                                      doc.get("host_cpu_s", {}).get(count, {})), ""]
         alone = alone_table(samples)
         if len(alone) > 2:
             md += [*alone, ""]

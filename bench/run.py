@@ -127,6 +127,38 @@ def clear_host_caches(fleet: LabFleet) -> Callable[[], None]:
     return clear
 
 
+def host_cpu_meter(fleet: LabFleet) -> Callable[[], float]:
+    """CPU seconds used so far by every process in the lab hosts' namespaces, counting children
+    that have exited and been reaped (cutime, cstime): sshd, its sessions, the interpreters they ran.
+    (A session kept open, as ansible's ControlPersist masters keep theirs, hands its children's CPU
+    up only when it ends, so ansible's host CPU is counted when the session's processes are seen
+    alive, not after they are reaped: close, but read it as a lower bound.)"""
+    spaces = set()
+    for host in fleet.hosts:
+        try:
+            spaces.add(os.readlink(f"/proc/{host.pid}/ns/mnt"))
+        except OSError:
+            pass
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used() -> float:
+        total = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/mnt") not in spaces:
+                    continue
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        return total / tick
+
+    return used
+
+
 # -- checks: a sample counts only when every host answered right -------------------------------
 
 def json_summary(key: str, want: int, rc_ok: tuple[int, ...] = (0,)) -> Callable[[int, str], str | None]:
@@ -185,7 +217,9 @@ class Lab:
 
     def fleetctl(self, args: list[str], check: Callable[[int, str], str | None],
                  before: Callable[[], None] | None = None) -> Job:
-        return jobs.checked_job([str(jobs.FLEETCTL), "-i", str(self.inv), *args, "--json"], check, before=before)
+        # -f: as many hosts in parallel as the lab has (the default, 32, is the same up to 32 hosts)
+        argv = [str(jobs.FLEETCTL), "-i", str(self.inv), "-f", str(max(self.count, 32)), *args, "--json"]
+        return jobs.checked_job(argv, check, before=before)
 
     def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool]) -> dict[str, Job]:
         script = self.scripts[job]
@@ -260,14 +294,15 @@ class Lab:
         return samples
 
 
-def measure(count: int, runs: int, wanted: list[str], release: bool,
-            cpu: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
+def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[str, dict[str, list[float]]],
+            host_cpu: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
     started = time.monotonic()
     fleet = lab_up(count, LAB_DIR, BASE)
     print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s", flush=True)
     install_venvs(fleet)
     print(f"lab: venvs ready after {time.monotonic() - started:.1f}s", flush=True)
     lab = Lab(fleet)
+    meter = host_cpu_meter(fleet)
     out: dict[str, dict[str, list[float]]] = {}
     for job in wanted:
         if job == "release":
@@ -277,7 +312,8 @@ def measure(count: int, runs: int, wanted: list[str], release: bool,
         t0 = time.monotonic()
         tools = getattr(lab, job)()
         name = {"drift": "drift (fleetctl)", "inventory": "version inventory", "search": "source search"}.get(job, job)
-        out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}))
+        out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}), host_cpu=meter,
+                                hosts=host_cpu.setdefault(name, {}))
         print(f"  {name}: {time.monotonic() - t0:.1f}s", flush=True)
     return out
 
@@ -306,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for count in counts:
             cpu = doc.setdefault("client_cpu_s", {}).setdefault(str(count), {})
-            doc["fleet"][str(count)] = measure(count, args.runs, wanted, count == counts[0], cpu)
+            on_hosts = doc.setdefault("host_cpu_s", {}).setdefault(str(count), {})
+            doc["fleet"][str(count)] = measure(count, args.runs, wanted, count == counts[0], cpu, on_hosts)
             doc.setdefault("load_during", {})[str(count)] = os.getloadavg()
     finally:
         lab_down(LAB_DIR, purge=True)
