@@ -163,9 +163,9 @@ def write(doc: dict[str, Any]) -> str:
         "- ratio to openssh = median / openssh median (<= 1.0: as fast as the lower bound); this / fleetctl =",
         "  median / fleetctl median (2.5: fleetctl is 2.5x faster than this tool). client CPU = median user +",
         "  system CPU seconds of the command and every process it started on this side (the lab hosts' sshd",
-        "  and interpreters run on the same CPUs but are not in it). hosts' CPU = CPU seconds used by every",
-        "  process in the lab hosts' namespaces during the command (sshd, sessions, interpreters); for",
-        "  ansible-core a lower bound (its ControlPersist sessions stay open, see bench/run.py).", "",
+        "  and interpreters run on the same CPUs but are not in it). hosts' CPU = CPU seconds used by all the",
+        "  lab hosts during the command (sshd, sessions, interpreters: one cpuacct cgroup holds every host).",
+        "  On this machine the hosts and the client share the same 2 CPUs, so wall time follows the sum.", "",
     ]
     if doc["targets"]:
         md += ["## Targets (issue 9, largest lab)", "", _row(["hosts", "job", "target", "measured", "met"]),

@@ -127,36 +127,36 @@ def clear_host_caches(fleet: LabFleet) -> Callable[[], None]:
     return clear
 
 
-def host_cpu_meter(fleet: LabFleet) -> Callable[[], float]:
-    """CPU seconds used so far by every process in the lab hosts' namespaces, counting children
-    that have exited and been reaped (cutime, cstime): sshd, its sessions, the interpreters they ran.
-    (A session kept open, as ansible's ControlPersist masters keep theirs, hands its children's CPU
-    up only when it ends, so ansible's host CPU is counted when the session's processes are seen
-    alive, not after they are reaped: close, but read it as a lower bound.)"""
-    spaces = set()
-    for host in fleet.hosts:
-        try:
-            spaces.add(os.readlink(f"/proc/{host.pid}/ns/mnt"))
-        except OSError:
-            pass
-    tick = os.sysconf("SC_CLK_TCK")
+CGROUP = Path("/sys/fs/cgroup/cpuacct")
 
-    def used() -> float:
-        total = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+
+def host_cpu_meter(fleet: LabFleet) -> tuple[Callable[[], float] | None, Path | None]:
+    """CPU seconds used so far by the lab hosts: every host's sshd is moved into one cpuacct cgroup
+    of its own, which then counts everything the hosts run (sessions, interpreters, and processes
+    that outlive their session and are reaped by init, which /proc's cutime would lose).
+    (None, None) where cgroup v1 cpuacct is not writable: the column stays empty."""
+    group = CGROUP / f"fleetctl-bench-{os.getpid()}"  # one per bench run: hosts kept from a smaller lab
+    # stay in it with the sessions they already hold (ansible's ControlPersist ones)
+    try:
+        group.mkdir(exist_ok=True)
+        for host in fleet.hosts:
+            (group / "cgroup.procs").write_text(str(host.pid))
+    except OSError as exc:
+        print(f"bench: no host CPU column ({group}: {exc})", flush=True)
+        return None, None
+    usage = group / "cpuacct.usage"
+    return (lambda: int(usage.read_text()) / 1e9), group
+
+
+def remove_cgroups() -> None:
+    """After lab_down: the bench's cgroups are empty (their sshd are gone); remove them."""
+    for group in CGROUP.glob(f"fleetctl-bench-{os.getpid()}"):
+        for _ in range(20):
             try:
-                if os.readlink(f"/proc/{entry.name}/ns/mnt") not in spaces:
-                    continue
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
+                group.rmdir()
+                break
             except OSError:
-                continue
-            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        return total / tick
-
-    return used
+                time.sleep(0.1)  # a last reaped process may still be leaving
 
 
 # -- checks: a sample counts only when every host answered right -------------------------------
@@ -302,7 +302,7 @@ def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[s
     install_venvs(fleet)
     print(f"lab: venvs ready after {time.monotonic() - started:.1f}s", flush=True)
     lab = Lab(fleet)
-    meter = host_cpu_meter(fleet)
+    meter, _group = host_cpu_meter(fleet)
     out: dict[str, dict[str, list[float]]] = {}
     for job in wanted:
         if job == "release":
@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             doc.setdefault("load_during", {})[str(count)] = os.getloadavg()
     finally:
         lab_down(LAB_DIR, purge=True)
+        remove_cgroups()
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     doc["load_after"] = os.getloadavg()
     print(report.write(doc))
