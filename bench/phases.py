@@ -8,7 +8,9 @@ each agent call, then the agents' shutdown and the controller's own work on the 
 
     .venv/bin/python bench/phases.py INVENTORY [ping|inventory|search] [--runs 3]
 
-Prints, per run: each phase's wall time, and per host phase the median and slowest host.
+Prints, per run: each phase's wall time, and per host phase the median and slowest host. Host
+phases nest as they run: the first call on a host includes the agent's start, which includes
+the SSH connect.
 """
 
 from __future__ import annotations
