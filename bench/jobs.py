@@ -6,6 +6,7 @@ Every sample is checked (exit status and output) before it counts: a fast failur
 from __future__ import annotations
 
 import json
+import resource
 import shlex
 import subprocess
 import time
@@ -68,14 +69,79 @@ def openssh_job(
     return run
 
 
-def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order."""
+def checked_job(argv: list[str], check: Callable[[int, str], str | None], env: dict[str, str] | None = None,
+                before: Callable[[], None] | None = None, with_stderr: bool = False) -> Callable[[], float]:
+    """One whole command (a peer's CLI, or fleetctl); ``check(rc, stdout)`` returns why the sample
+    does not count, or None (``with_stderr``: stdout and stderr, for tools that print answers on
+    stderr). ``before`` runs untimed ahead of each sample (e.g. clearing caches)."""
+
+    def run() -> float:
+        if before:
+            before()
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        took = time.perf_counter() - start
+        why = check(proc.returncode, proc.stdout + "\n" + proc.stderr if with_stderr else proc.stdout)
+        if why:
+            raise BenchError(f"{shlex.join(argv)[:300]}: {why}; stderr: {proc.stderr[-1500:]}"
+                             f"; stdout: {proc.stdout[-800:]}")
+        return took
+
+    return run
+
+
+def openssh_script_job(
+    lab_dir: Path, addresses: list[str], python: str, script: Path, expect: Callable[[int, str], bool],
+    extra: tuple[str, ...] = (),
+) -> Callable[[], float]:
+    """The lower bound for a script: one `ssh HOST PYTHON - < SCRIPT` per host, all started at once."""
+    argvs = [ssh_argv(lab_dir, a, f"{shlex.quote(python)} -", extra) for a in addresses]
+
+    def run() -> float:
+        files = [script.open("rb") for _ in argvs]
+        try:
+            start = time.perf_counter()
+            procs = [subprocess.Popen(a, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for a, f in zip(argvs, files, strict=True)]
+            outs = [p.communicate() for p in procs]
+            took = time.perf_counter() - start
+        finally:
+            for f in files:
+                f.close()
+        for n, (proc, (out, err)) in enumerate(zip(procs, outs, strict=True), start=1):
+            text = out.decode(errors="replace").strip()
+            if proc.returncode != 0 or not expect(n, text):
+                raise BenchError(f"ssh {addresses[n - 1]} {python} - < {script.name}: rc {proc.returncode}, "
+                                 f"{text[-500:]!r} {err[-1000:]!r}")
+        return took
+
+    return run
+
+
+def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
+           cpu: dict[str, list[float]] | None = None, host_cpu: Callable[[], float] | None = None,
+           hosts: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Warm-up round(s) discarded, then `runs` rounds, each running every job once in order.
+
+    ``cpu`` gets, per job, the CPU seconds (user + system) its client processes used: the
+    command and everything it started on this side. ``hosts`` gets what ``host_cpu()`` (CPU
+    seconds used so far by the lab hosts' processes) grew by during the job.
+    """
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(warmup + runs):
         for name, job in jobs.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            on_hosts = host_cpu() if host_cpu else 0.0
             took = job()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if host_cpu and hosts is not None and i >= warmup:
+                time.sleep(0.05)  # let the hosts' sshd reap the sessions that just ended
+                hosts.setdefault(name, []).append(round(host_cpu() - on_hosts, 3))
             if i >= warmup:
                 samples[name].append(took)
+                if cpu is not None:
+                    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+                    cpu.setdefault(name, []).append(round(used, 4))
     return samples
 
 

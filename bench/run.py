@@ -1,34 +1,57 @@
-"""`make bench`: fleetctl side by side with plain OpenSSH on a lab fleet of real sshd hosts.
+"""`make bench`: fleetctl side by side with its peers on a lab fleet of real sshd hosts (issue 9).
 
-Starts its own lab (.fleetctl/bench-lab on 127.0.90.x), times whole commands against the
-OpenSSH lower bound and the agent against per-operation execs, writes bench/results.md and
-bench/results.json, and takes the lab down again, also on error.
+For each host count it starts its own lab (.fleetctl/bench-lab on 127.0.90.x), gives every host
+/root/ml-env holding the real sglang 0.5.23 wheel's files, and times whole commands, the tools
+of one job alternating within each round, after a warm-up round:
 
-    .venv/bin/python bench/run.py [--hosts 8|8,32] [--runs 7] [--ops 20]
+  ping               fleetctl ping | ssh HOST python3 - < scripts/ping.py (x2 kex) | ansible | pyinfra
+  version inventory  fleetctl drift --venv V | the same with scripts/inventory.py under V's python
+  source search      fleetctl probe grep ... --package sglang --subpath srt | scripts/search.py
+  drift              fleetctl only: versions and --verify-files, first run (host caches cleared) and second
+  release            fleetctl only, on the smallest lab: deploy of the example release, rollback
+
+The peers (ansible-core, pyinfra) are installed by bench/peers.py into .cache/bench-peers/. Writes
+bench/results.md and bench/results.json; takes the lab down at the end, also on error.
+
+    .venv/bin/python bench/run.py [--hosts 8,32] [--runs 5] [--jobs ping,inventory,search,drift,release]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import jobs  # noqa: E402
+import peers  # noqa: E402
 import report  # noqa: E402
 
-from fleetctl.lab import lab_down, lab_up  # noqa: E402
+from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_up  # noqa: E402
 
-LAB_DIR = HERE.parent / ".fleetctl" / "bench-lab"
+LAB_DIR = ROOT / ".fleetctl" / "bench-lab"
 BASE = "127.0.90.0"
-# paramiko (fleetctl) and OpenSSH 9.2 agree on curve25519; OpenSSH alone defaults to sntrup761x25519.
+VENV = "/root/ml-env"
+VENV_PY = f"{VENV}/bin/python"
+SYS_PY = "/usr/bin/python3"
+SGLANG = "0.5.23"
+WHEELS = ROOT / ".cache" / "wheels"
+TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
+# paramiko (fleetctl, pyinfra) and OpenSSH 9.2 agree on curve25519; OpenSSH alone picks sntrup761x25519.
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")
+ALL_JOBS = ("ping", "inventory", "search", "drift", "release")
+RELEASE_SPEC = ROOT / "playbooks" / "releases" / "ddtree-sglang-0.5.23-lab.yml"
+Job = Callable[[], float]
 
 
 def host_counts(text: str) -> list[int]:
@@ -41,63 +64,292 @@ def host_counts(text: str) -> list[int]:
     return counts
 
 
-def fleet_samples(count: int, runs: int) -> dict[str, dict[str, list[float]]]:
-    """Bring the lab to `count` hosts, then alternate the commands for `runs` rounds."""
+# -- preparing the lab ---------------------------------------------------------------------------
+
+def sglang_wheel() -> Path:
+    found = sorted(WHEELS.glob(f"sglang-{SGLANG}-*.whl"))
+    if not found:
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(WHEELS), f"sglang=={SGLANG}"], check=True)
+        found = sorted(WHEELS.glob(f"sglang-{SGLANG}-*.whl"))
+    return found[0]
+
+
+def install_venvs(fleet: LabFleet) -> None:
+    """lab1 gets /root/ml-env from pip (the real wheel, --no-deps); the others a hard-linked copy of
+    it in their private /root (the same files, installed in a fraction of the time)."""
+    paths = LabPaths(fleet.directory)
+    marker = f"{VENV}/.bench-sglang-{SGLANG}"
+    first = paths.host_dir(fleet.hosts[0].name) / "root" / "ml-env"
+    if not (first / f".bench-sglang-{SGLANG}").exists():
+        wheel = sglang_wheel()
+        visible = fleet.directory / "wheels" / wheel.name  # the lab folder is readable from every host
+        visible.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(wheel, visible)
+        q = shlex.quote(VENV)
+        script = (f"set -e; rm -rf {q}; {SYS_PY} -m venv {q}; {q}/bin/python -m pip install -q --no-deps "
+                  f"--no-index --no-compile --disable-pip-version-check {shlex.quote(str(visible))}; "
+                  f"touch {shlex.quote(marker)}")
+        proc = subprocess.run(jobs.ssh_argv(fleet.directory, fleet.hosts[0].address, script),
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise jobs.BenchError(f"venv on lab1: {proc.stderr[-2000:]}")
+    for host in fleet.hosts[1:]:
+        target = paths.host_dir(host.name) / "root" / "ml-env"
+        if not (target / f".bench-sglang-{SGLANG}").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            subprocess.run(["cp", "-al", str(first), str(target)], check=True)
+
+
+def build_scripts(dest: Path) -> dict[str, Path]:
+    """The shared script of each job: bench/scripts/ping.py, and fleetctl's own host-side modules
+    (fleetctl/remote/*.py, verbatim) with a tail that calls them as fleetctl's agent does."""
+    dest.mkdir(parents=True, exist_ok=True)
+    remote = ROOT / "fleetctl" / "remote"
+    out = {"ping": dest / "ping.py", "inventory": dest / "inventory.py", "search": dest / "search.py"}
+    shutil.copyfile(HERE / "scripts" / "ping.py", out["ping"])
+    for job, module in (("inventory", "distributions.py"), ("search", "source.py")):
+        out[job].write_text((remote / module).read_text() + (HERE / "scripts" / f"{job}.py.tail").read_text())
+    return out
+
+
+def clear_host_caches(fleet: LabFleet) -> Callable[[], None]:
+    """What makes a fleetctl run a first run: every host's /var/lib/fleetctl/cache (file hashes,
+    compiled module code) removed, from this side, between samples."""
+    paths = LabPaths(fleet.directory)
+    folders = [paths.host_dir(h.name) / "var-lib-fleetctl" / "cache" for h in fleet.hosts]
+
+    def clear() -> None:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return clear
+
+
+CGROUP = Path("/sys/fs/cgroup/cpuacct")
+
+
+def host_cpu_meter(fleet: LabFleet) -> tuple[Callable[[], float] | None, Path | None]:
+    """CPU seconds used so far by the lab hosts: every host's sshd is moved into one cpuacct cgroup
+    of its own, which then counts everything the hosts run (sessions, interpreters, and processes
+    that outlive their session and are reaped by init, which /proc's cutime would lose).
+    (None, None) where cgroup v1 cpuacct is not writable: the column stays empty."""
+    group = CGROUP / f"fleetctl-bench-{os.getpid()}"  # one per bench run: hosts kept from a smaller lab
+    # stay in it with the sessions they already hold (ansible's ControlPersist ones)
+    try:
+        group.mkdir(exist_ok=True)
+        for host in fleet.hosts:
+            (group / "cgroup.procs").write_text(str(host.pid))
+    except OSError as exc:
+        print(f"bench: no host CPU column ({group}: {exc})", flush=True)
+        return None, None
+    usage = group / "cpuacct.usage"
+    return (lambda: int(usage.read_text()) / 1e9), group
+
+
+def remove_cgroups() -> None:
+    """After lab_down: the bench's cgroups are empty (their sshd are gone); remove them."""
+    for group in CGROUP.glob(f"fleetctl-bench-{os.getpid()}"):
+        for _ in range(20):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # a last reaped process may still be leaving
+
+
+# -- checks: a sample counts only when every host answered right -------------------------------
+
+def json_summary(key: str, want: int, rc_ok: tuple[int, ...] = (0,)) -> Callable[[int, str], str | None]:
+    def check(rc: int, out: str) -> str | None:
+        if rc not in rc_ok:
+            return f"exit {rc}"
+        try:
+            got = json.loads(out)["summary"][key]
+        except (ValueError, KeyError, TypeError):
+            return "no JSON summary"
+        return None if got == want else f"summary.{key} = {got}, want {want}"
+
+    return check
+
+
+def ansible_answers(marker: str, want: int) -> Callable[[int, str], str | None]:
+    """`ansible -o`: one `HOST | CHANGED => {json}` line per host, its stdout holding the marker."""
+    def check(rc: int, out: str) -> str | None:
+        if rc != 0:
+            return f"exit {rc}"
+        good = 0
+        for line in out.splitlines():
+            _, sep, doc = line.partition(" => ")
+            if sep and doc.startswith("{") and marker in json.loads(doc).get("stdout", ""):
+                good += 1
+        return None if good == want else f"{good} hosts answered with {marker!r}, want {want}"
+
+    return check
+
+
+def pyinfra_answers(marker: str, want: int) -> Callable[[int, str], str | None]:
+    """pyinfra exec: one `[HOST] OUTPUT` line per host, holding the marker (the command itself is
+    echoed in pyinfra's results table, which is why only host-prefixed lines count)."""
+    def check(rc: int, out: str) -> str | None:
+        if rc != 0:
+            return f"exit {rc}"
+        hosts = {line.split("]", 1)[0] for line in out.splitlines() if line.startswith("[lab") and marker in line}
+        return None if len(hosts) == want else f"{len(hosts)} hosts answered with {marker!r}, want {want}"
+
+    return check
+
+
+# -- one lab: every job ---------------------------------------------------------------------------
+
+class Lab:
+    def __init__(self, fleet: LabFleet) -> None:
+        self.fleet = fleet
+        self.count = len(fleet.hosts)
+        self.inv = fleet.inventory_path
+        self.addrs = [h.address for h in fleet.hosts]
+        self.scripts = build_scripts(fleet.directory / "scripts")
+        work = peers.PEERS / f"lab-{self.count}"
+        self.ansible_env = peers.ansible_setup(fleet.directory, self.addrs, work / "ansible")
+        self.ansible_dir = work / "ansible"
+        self.pyinfra_inv = peers.pyinfra_setup(fleet.directory, self.addrs, work / "pyinfra")
+
+    def fleetctl(self, args: list[str], check: Callable[[int, str], str | None],
+                 before: Callable[[], None] | None = None) -> Job:
+        # -f: as many hosts in parallel as the lab has (the default, 32, is the same up to 32 hosts)
+        argv = [str(jobs.FLEETCTL), "-i", str(self.inv), "-f", str(max(self.count, 32)), *args, "--json"]
+        return jobs.checked_job(argv, check, before=before)
+
+    def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool]) -> dict[str, Job]:
+        script = self.scripts[job]
+        return {
+            "openssh": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect),
+            "openssh-x25519": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect,
+                                                      SAME_KEX),
+            "ansible-core": jobs.checked_job(peers.ansible_argv(self.ansible_dir, script, python),
+                                             ansible_answers(marker, self.count), env=self.ansible_env),
+            "pyinfra": jobs.checked_job(peers.pyinfra_argv(self.pyinfra_inv, script, python, self.count),
+                                        pyinfra_answers(marker, self.count), with_stderr=True),
+        }
+
+    def ping(self) -> dict[str, Job]:
+        def expect(n: int, out: str) -> bool:
+            return json.loads(out)["hostname"] == f"lab{n}"
+
+        return {"fleetctl": self.fleetctl(["ping"], json_summary("ok", self.count)),
+                **self.peer_jobs("ping", SYS_PY, '"python_version": ', expect)}
+
+    def inventory(self) -> dict[str, Job]:
+        def expect(n: int, out: str) -> bool:
+            return any(d["name"] == "sglang" and d["version"] == SGLANG for d in json.loads(out)["dists"])
+
+        args = ["drift", "--venv", VENV, "--skip", "unsatisfied"]
+        return {"fleetctl": self.fleetctl(args, json_summary("hosts", self.count)),
+                **self.peer_jobs("inventory", VENV_PY, f'"dist_info": "sglang-{SGLANG}.dist-info"', expect)}
+
+    def search(self) -> dict[str, Job]:
+        lines = self.expected_lines()
+
+        def expect(n: int, out: str) -> bool:
+            return int(json.loads(out)["matched_lines"]) == lines
+
+        args = ["probe", "grep", *TERMS, "--package", "sglang", "--subpath", "srt", "--venv", VENV]
+        return {"fleetctl": self.fleetctl(args, json_summary("ok", self.count)),
+                **self.peer_jobs("search", VENV_PY, f'"matched_lines": {lines}', expect)}
+
+    def expected_lines(self) -> int:
+        argv = jobs.ssh_argv(self.fleet.directory, self.addrs[0], f"{VENV_PY} -")
+        with self.scripts["search"].open("rb") as f:
+            out = subprocess.run(argv, stdin=f, capture_output=True, check=True).stdout
+        return int(json.loads(out)["matched_lines"])
+
+    def drift(self) -> dict[str, Job]:
+        clear = clear_host_caches(self.fleet)
+        base = ["drift", "--venv", VENV, "--skip", "unsatisfied"]
+        verify = [*base, "--verify-files"]
+        ok = json_summary("hosts", self.count)
+        return {"drift, first run": self.fleetctl(base, ok, before=clear),
+                "drift, second run": self.fleetctl(base, ok),
+                "drift --verify-files, first run": self.fleetctl(verify, ok, before=clear),
+                "drift --verify-files, second run": self.fleetctl(verify, ok)}
+
+    def release(self, runs: int) -> dict[str, list[float]]:
+        """Deploy the example (DDTree) release, fresh every run (a new version each time, so a real
+        build, switch, restart and health gate), then roll back to the previous one, alternating."""
+        ok = json_summary("ok", self.count)
+        text = RELEASE_SPEC.read_text().replace("../files/", f"{RELEASE_SPEC.parent.parent}/files/")
+        specs = self.fleet.directory / "specs"
+        specs.mkdir(exist_ok=True)
+        samples: dict[str, list[float]] = {f"deploy, {self.count} hosts": [], f"rollback, {self.count} hosts": []}
+        for i in range(1 + runs):
+            spec = specs / f"ddtree-bench-{i}.yml"
+            spec.write_text(text.replace("version: 0.5.23-ddtree.1", f"version: 0.5.23-ddtree.bench{i}"))
+            deploy = self.fleetctl(["deploy", str(spec)], ok)()
+            rollback = self.fleetctl(["rollback"], ok)() if i else 0.0
+            print(f"  release round {i}: deploy {deploy:.2f}s rollback {rollback:.2f}s", flush=True)
+            if i:  # round 0 (no earlier release to roll back to) is the warm-up
+                samples[f"deploy, {self.count} hosts"].append(deploy)
+                samples[f"rollback, {self.count} hosts"].append(rollback)
+        return samples
+
+
+def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[str, dict[str, list[float]]],
+            host_cpu: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
+    started = time.monotonic()
     fleet = lab_up(count, LAB_DIR, BASE)
-    print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s ({fleet.inventory_path})", flush=True)
-    inv = fleet.inventory_path
-    addrs = [h.address for h in fleet.hosts]
-    node = f"/usr/bin/python3 -c {shlex.quote(jobs.PY_NODE)}"
-    kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
-
-    def is_node(n: int, out: str) -> bool:
-        return out == f"lab{n}"
-
-    def is_kernel(n: int, out: str) -> bool:
-        return out == kernel
-
-    order = {
-        ("ping", "fleetctl"): jobs.fleetctl_job(inv, ["ping"], count),
-        ("ping", "openssh"): jobs.openssh_job(LAB_DIR, addrs, node, is_node),
-        ("ping", "openssh-x25519"): jobs.openssh_job(LAB_DIR, addrs, node, is_node, SAME_KEX),
-        ("shell", "fleetctl"): jobs.fleetctl_job(inv, ["shell", "uname -r"], count),
-        ("shell", "openssh"): jobs.openssh_job(LAB_DIR, addrs, "uname -r", is_kernel),
-        ("shell", "openssh-x25519"): jobs.openssh_job(LAB_DIR, addrs, "uname -r", is_kernel, SAME_KEX),
-    }
-    flat = jobs.rounds({f"{j}/{t}": fn for (j, t), fn in order.items()}, runs)
+    print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s", flush=True)
+    install_venvs(fleet)
+    print(f"lab: venvs ready after {time.monotonic() - started:.1f}s", flush=True)
+    lab = Lab(fleet)
+    meter, _group = host_cpu_meter(fleet)
     out: dict[str, dict[str, list[float]]] = {}
-    for (job, tool) in order:
-        out.setdefault(job, {})[tool] = flat[f"{job}/{tool}"]
+    for job in wanted:
+        if job == "release":
+            if release:
+                out["release (fleetctl)"] = lab.release(runs)
+            continue
+        t0 = time.monotonic()
+        tools = getattr(lab, job)()
+        name = {"drift": "drift (fleetctl)", "inventory": "version inventory", "search": "source search"}.get(job, job)
+        out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}), host_cpu=meter,
+                                hosts=host_cpu.setdefault(name, {}))
+        print(f"  {name}: {time.monotonic() - t0:.1f}s", flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=host_counts, default=[8], help="host count(s): 8 or 8,32 (default 8)")
-    ap.add_argument("--runs", type=int, default=7, help="timed runs per command after 1 warm-up (>= 5)")
-    ap.add_argument("--ops", type=int, default=20, help="operations per batch in the agent claim")
+    ap.add_argument("--hosts", type=host_counts, default=[8, 32], help="host counts (default 8,32)")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per command after 1 warm-up (>= 5)")
+    ap.add_argument("--jobs", default=",".join(ALL_JOBS), help=f"which jobs (default {','.join(ALL_JOBS)})")
+    ap.add_argument("--quick", action="store_true", help="allow --runs below 5 (harness debugging only)")
     args = ap.parse_args(argv)
-    if args.runs < 5:
-        ap.error("--runs must be at least 5")
+    if args.runs < 5 and not args.quick:
+        ap.error("--runs must be at least 5 (--quick to debug the harness)")
+    wanted = [j for j in args.jobs.split(",") if j]
+    if set(wanted) - set(ALL_JOBS):
+        ap.error(f"--jobs: unknown {sorted(set(wanted) - set(ALL_JOBS))}")
     given = sys.argv[1:] if argv is None else argv
     command = ".venv/bin/python bench/run.py " + shlex.join(given) if given else "make bench"
     doc: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": report.machine(), "command": command,
-        "runs": args.runs, "warmup": 1, "load_before": os.getloadavg()[0], "fleet": {},
+        "runs": args.runs, "warmup": 1, "load_before": os.getloadavg(), "fleet": {},
+        "peers": peers.ensure_all(), "terms": list(TERMS), "sglang": SGLANG,
     }
     started = time.monotonic()
+    counts = sorted(set(args.hosts))
     try:
-        for count in sorted(set(args.hosts)):
-            doc["fleet"][str(count)] = fleet_samples(count, args.runs)
-        print(f"agent claim: {args.ops} ops x {args.runs} runs on lab1", flush=True)
-        doc["agent"] = {
-            "ops": args.ops, "exec": f"/usr/bin/python3 -c '{jobs.PY_NODE}'",
-            "samples": jobs.agent_claim(LAB_DIR / "inventory.yml", args.ops, args.runs),
-        }
+        for count in counts:
+            cpu = doc.setdefault("client_cpu_s", {}).setdefault(str(count), {})
+            on_hosts = doc.setdefault("host_cpu_s", {}).setdefault(str(count), {})
+            doc["fleet"][str(count)] = measure(count, args.runs, wanted, count == counts[0], cpu, on_hosts)
+            doc.setdefault("load_during", {})[str(count)] = os.getloadavg()
     finally:
         lab_down(LAB_DIR, purge=True)
+        remove_cgroups()
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
-    doc["load_after"] = os.getloadavg()[0]
+    doc["load_after"] = os.getloadavg()
     print(report.write(doc))
     print(f"(took {doc['elapsed_s']}s; wrote {HERE / 'results.md'} and {HERE / 'results.json'})")
     return 0

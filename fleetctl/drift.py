@@ -8,6 +8,7 @@ the most common version) and per-host findings, each a class of its own.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -221,7 +222,7 @@ def duplicate_findings(inv: HostInventory) -> list[Finding]:
 
 def unsatisfied_findings(inv: HostInventory) -> list[Finding]:
     """What ``pip check`` reports, from Requires-Dist and the host's own marker environment."""
-    env = {**inv.markers, "extra": ""}
+    env = tuple(sorted({**inv.markers, "extra": ""}.items()))
     out = []
     for name, dists in sorted(inv.dists.items()):
         for text in sorted({r for d in dists for r in d.requires}):
@@ -232,13 +233,31 @@ def unsatisfied_findings(inv: HostInventory) -> list[Finding]:
     return out
 
 
-def _unsatisfied(text: str, env: dict[str, str], inv: HostInventory) -> tuple[str | None, str] | None:
+@functools.lru_cache(maxsize=65536)
+def _requirement(text: str) -> Requirement | None:
+    """Parsed once per run, not once per host: packaging's parser is pure Python and a fleet's
+    venvs repeat the same Requires-Dist lines (32 hosts of sglang: 0.3-0.5 s of the audit)."""
     try:
-        req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate(env):
-            return None
-    except (InvalidRequirement, InvalidMarker):
+        return Requirement(text)
+    except InvalidRequirement:
         return None  # pip check skips what it cannot parse too
+
+
+@functools.lru_cache(maxsize=65536)
+def _applies(text: str, env: tuple[tuple[str, str], ...]) -> bool:
+    req = _requirement(text)
+    if req is None:
+        return False
+    try:
+        return req.marker is None or req.marker.evaluate(dict(env))
+    except InvalidMarker:
+        return False
+
+
+def _unsatisfied(text: str, env: tuple[tuple[str, str], ...], inv: HostInventory) -> tuple[str | None, str] | None:
+    req = _requirement(text)
+    if req is None or not _applies(text, env):
+        return None
     have = inv.version(canonicalize_name(req.name))
     if have is None:
         return None, "not installed"
