@@ -46,8 +46,9 @@ test: lint typecheck pytest
 
 # bench/run.py starts its own labs (8 and 32 hosts), installs the peers (ansible-core, pyinfra) into
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.
-# The narrower scripts (probe_search.py, drift.py, release.py, overlay.py) run on their own.
-BENCHES := bench/run.py
+# probe_search.py: the host-side search alone against ripgrep, and probe grep against ssh+rg (issue 3).
+# The narrower scripts (drift.py, release.py, overlay.py) run on their own.
+BENCHES := bench/run.py bench/probe_search.py
 bench: deps
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
