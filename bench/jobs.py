@@ -12,11 +12,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETCTL = ROOT / ".venv" / "bin" / "fleetctl"
-PY_NODE = "import platform;print(platform.node())"
 
 
 class BenchError(RuntimeError):
@@ -142,57 +140,4 @@ def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
                 if cpu is not None:
                     used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
                     cpu.setdefault(name, []).append(round(used, 4))
-    return samples
-
-
-def agent_claim(inventory_path: Path, ops: int, runs: int) -> dict[str, list[float]]:
-    """In-process, one host: `ops` python3 -c execs over one Fabric connection vs `ops` agent requests.
-
-    Connection setup and the agent's start are timed on their own (every round opens fresh
-    ones), so the per-batch samples hold only the operations themselves.
-    """
-    from fleetctl.inventory import load_inventory
-    from fleetctl.transport.agent import AgentClient
-    from fleetctl.transport.fleet import RunSettings, interpreters, make_connector
-
-    inventory = load_inventory(inventory_path)
-    host = inventory.select("lab1")[0]
-    python = host.connection.python or "python3"
-    exec_cmd = f"{shlex.quote(python)} -c {shlex.quote(PY_NODE)}"
-    names = ["connect (Fabric)", "agent start", "execs", "agent requests"]
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(1 + runs):  # round 0 is the warm-up
-        got: dict[str, float] = {}
-        conn: Any = make_connector(inventory, host, RunSettings())
-        try:
-            start = time.perf_counter()
-            conn._open()  # connection and authentication only
-            got["connect (Fabric)"] = time.perf_counter() - start
-            start = time.perf_counter()
-            for _ in range(ops):
-                res = conn.run(exec_cmd, timeout=30)
-                if res.rc != 0 or res.stdout.strip() != "lab1":
-                    raise BenchError(f"exec on lab1: rc {res.rc} {res.stdout!r} {res.stderr!r}")
-            got["execs"] = time.perf_counter() - start
-        finally:
-            conn.close()
-        conn = make_connector(inventory, host, RunSettings())
-        agent = AgentClient(host.name, conn, interpreters(host.connection))
-        try:
-            conn._open()
-            start = time.perf_counter()
-            agent.ping()  # starts the agent: exec channel, hello, first round trip
-            agent.call("selftest", {"action": "echo", "data": -1})  # ships the module source once
-            got["agent start"] = time.perf_counter() - start
-            start = time.perf_counter()
-            for n in range(ops):
-                if agent.call("selftest", {"action": "echo", "data": n})["echo"] != n:
-                    raise BenchError("agent echo came back wrong")
-            got["agent requests"] = time.perf_counter() - start
-        finally:
-            agent.close()
-            conn.close()
-        if i >= 1:
-            for name in names:
-                samples[name].append(got[name])
     return samples

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "********"
@@ -17,3 +17,39 @@ def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the vars with every secret's value replaced by the mask."""
     names = secret_names(host_vars)
     return {k: (MASK if k in names and v is not None else v) for k, v in host_vars.items()}
+
+
+def secret_values(host_vars: Mapping[str, Any]) -> list[str]:
+    """The values of the host's secret variables, longest first (a secret holding another is masked whole)."""
+    values = {str(host_vars[n]) for n in secret_names(host_vars) if host_vars.get(n) not in (None, "")}
+    return sorted(values, key=lambda v: (-len(v), v))
+
+
+def mask_values(text: str, values: Iterable[str]) -> str:
+    """``text`` with every occurrence of each value (longest first) replaced by the mask."""
+    for value in values:
+        text = text.replace(value, MASK)
+    return text
+
+
+class Redactor:
+    """Masks every secret value wherever it appears in strings, recursively (outputs, messages,
+    diffs, variables): what a run journal or a playbook's output may hold."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        self.values = sorted({v for v in values if v}, key=lambda v: (-len(v), v))
+
+    @classmethod
+    def for_hosts(cls, host_vars: Iterable[Mapping[str, Any]]) -> Redactor:
+        return cls(v for hv in host_vars for v in secret_values(hv))
+
+    def __call__(self, value: Any) -> Any:
+        if not self.values:
+            return value
+        if isinstance(value, str):
+            return mask_values(value, self.values)
+        if isinstance(value, list | tuple):
+            return [self(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        return value

@@ -11,6 +11,7 @@ import pytest
 from fleetctl.errors import InputError
 from fleetctl.playbook import journal, rollout, templating
 from fleetctl.playbook.schema import load_playbook
+from fleetctl.secrets import Redactor
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,13 +91,13 @@ def test_templating_keeps_types_and_is_strict() -> None:
 
 
 def test_redactor_masks_secret_values_everywhere() -> None:
-    red = journal.Redactor.for_hosts([{"secret_vars": ["HF_TOKEN"], "HF_TOKEN": "hf_abcdef123"}, {"x": 1}])
+    red = Redactor.for_hosts([{"secret_vars": ["HF_TOKEN"], "HF_TOKEN": "hf_abcdef123"}, {"x": 1}])
     doc = {"msg": "token hf_abcdef123 used", "data": {"stdout": ["hf_abcdef123\n"]}, "n": 3}
     assert red(doc) == {"msg": "token ******** used", "data": {"stdout": ["********\n"]}, "n": 3}
 
 
 def test_journal_finished_hosts_and_recorded_releases(tmp_path: Path) -> None:
-    j = journal.Journal.create(tmp_path, Path("deploy.yml"), journal.Redactor([]))
+    j = journal.Journal.create(tmp_path, Path("deploy.yml"), Redactor([]))
     j.event("run_start", playbook="deploy.yml")
     j.event("recorded", play=0, releases={"a": "r1", "b": None})
     for host in ("a", "b"):

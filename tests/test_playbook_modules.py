@@ -24,7 +24,7 @@ from fleetctl.playbook.modules import files as files_mod
 from fleetctl.playbook.modules import probe as probe_mod
 from fleetctl.playbook.modules import venv as venv_mod
 from fleetctl.probes import Expect
-from fleetctl.secrets import MASK
+from fleetctl.secrets import MASK, mask_values, secret_values
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.fleet import RunSettings
 from fleetctl.venv_create import CreatePlan
@@ -161,11 +161,11 @@ def test_plan_mode_rules() -> None:
 
 def test_secret_values_masked_longest_first() -> None:
     host_vars = {"secret_vars": ["a", "b", "empty", "absent"], "a": "tok", "b": "tok-longer", "empty": "", "c": "no"}
-    secrets = files_mod.secret_values(host_vars)
+    secrets = secret_values(host_vars)
     assert secrets == ["tok-longer", "tok"]
-    assert files_mod.mask("x=tok-longer y=tok z=no", secrets) == f"x={MASK} y={MASK} z=no"
+    assert mask_values("x=tok-longer y=tok z=no", secrets) == f"x={MASK} y={MASK} z=no"
     assert files_mod.holds_secret(b"T=tok\n", secrets) and not files_mod.holds_secret(b"T=to\n", secrets)
-    assert files_mod.secret_values({"secret_vars": "a", "a": 42}) == ["42"]
+    assert secret_values({"secret_vars": "a", "a": 42}) == ["42"]
 
 
 def test_diff_masks_current_and_rotated_secrets() -> None:

@@ -44,13 +44,17 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook import journal as jr
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.playbook.schema import load_playbook
+    from fleetctl.secrets import Redactor
     from fleetctl.transport.fleet import RunSettings
 
     app.extra_vars.update(extra_vars)
     playbook = load_playbook(playbook_path)
+    if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
+        raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
     folder = jr.runs_dir(inventory.path)
-    redact = jr.Redactor.for_hosts([h.vars for h in inventory.hosts.values()], app.extra_vars)
+    # The inventory holds -e too (extra vars are merged into every host's vars).
+    redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
     events = None
     if resume:
         events = jr.read_events(jr.find_run(folder, resume))

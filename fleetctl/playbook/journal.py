@@ -3,7 +3,7 @@
 Every event (run start, batch, task start/result per host, rollback, interruption, end) is one
 line, flushed and fsynced as it happens, so a killed controller leaves a journal that says where
 it stopped and ``--resume`` can skip the hosts that finished. Secret values never reach it: each
-event passes through a ``Redactor`` holding every value of a variable named in ``secret_vars``.
+event passes through a ``secrets.Redactor`` holding every value of a variable named in ``secret_vars``.
 """
 
 from __future__ import annotations
@@ -19,41 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import InputError
-from fleetctl.secrets import MASK, secret_names
+from fleetctl.secrets import Redactor
 
 _RUN_ID = re.compile(r"^[0-9]{8}-[0-9]{6}(-[0-9]+)?-[A-Za-z0-9_.-]+$")
-
-
-class Redactor:
-    """Replaces every secret value in strings (recursively): outputs, messages, diffs, vars."""
-
-    def __init__(self, values: Iterable[str]) -> None:
-        # Longest first, so a secret that contains another is masked whole.
-        self.values = sorted({v for v in values if v}, key=len, reverse=True)
-
-    @classmethod
-    def for_hosts(cls, host_vars: Iterable[Mapping[str, Any]], extra: Mapping[str, Any] | None = None) -> Redactor:
-        found: list[str] = []
-        for hv in host_vars:
-            for name in secret_names(hv):
-                for source in (hv, extra or {}):
-                    if source.get(name) not in (None, ""):
-                        found.append(str(source[name]))
-        return cls(found)
-
-    def __call__(self, value: Any) -> Any:
-        if not self.values:
-            return value
-        if isinstance(value, str):
-            for secret in self.values:
-                if secret in value:
-                    value = value.replace(secret, MASK)
-            return value
-        if isinstance(value, list | tuple):
-            return [self(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self(v) for k, v in value.items()}
-        return value
 
 
 def runs_dir(inventory_path: Path) -> Path:
@@ -86,12 +54,15 @@ class Journal:
     def reopen(cls, folder: Path, run_id: str, redact: Redactor) -> Journal:
         return cls(find_run(folder, run_id), redact)
 
-    def event(self, kind: str, **fields: Any) -> None:
-        line = json.dumps({"ts": round(time.time(), 3), "event": kind, **self.redact(fields)}, default=str)
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one event; returns its fields as written (secrets masked)."""
+        shown: dict[str, Any] = self.redact(fields)
+        line = json.dumps({"ts": round(time.time(), 3), "event": kind, **shown}, default=str)
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
             os.fsync(self._file.fileno())
+        return shown
 
     def close(self) -> None:
         self._file.close()

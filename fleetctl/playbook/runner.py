@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetctl import yamlfile
-from fleetctl.errors import HostError, InputError
+from fleetctl.errors import FleetError, HostError, InputError
 from fleetctl.inventory import Inventory
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook import rollout, templating
@@ -112,9 +112,9 @@ class Runner:
         return self._stop.is_set()
 
     def emit(self, kind: str, **fields: Any) -> None:
-        self.journal.event(kind, **fields)
+        shown = self.journal.event(kind, **fields)
         if self.listener:
-            self.listener(kind, self.journal.redact(fields))
+            self.listener(kind, shown)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -123,18 +123,23 @@ class Runner:
         self.emit("resume" if resumed else "run_start", playbook=str(self.playbook.path), digest=self.playbook.digest,
                   check=self.options.check, limit=self.options.limit, tags=sorted(self.options.tags),
                   extra_vars=self.options.extra_vars, who=self.holder, run_id=self.journal.run_id)
-        if self._start_at and not any(t.name == self._start_at for t in self.playbook.tasks()):
-            raise InputError(f"{self.playbook.path}: --start-at-task {self._start_at!r}: no task has that name")
         try:
             for play in self.playbook.plays:
                 self.run_play(play)
         except PlaybookStopped:
             pass
+        except FleetError as exc:  # bad input met mid-run (a play's vars): the journal still says how it ended
+            self.status = "error"
+            self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
+            raise
         finally:
             self.fleet.close()
         code = self.exit_code()
-        self.emit("run_end", status=self.status, exit_code=code, recap={h: dict(c) for h, c in self.recap.items()})
+        self.emit("run_end", status=self.status, exit_code=code, recap=self._recap())
         return code
+
+    def _recap(self) -> dict[str, dict[str, int]]:
+        return {h: dict(c) for h, c in self.recap.items()}
 
     def exit_code(self) -> int:
         if self.status == "interrupted":
@@ -307,7 +312,7 @@ class Runner:
         variables = self.task_vars(ctx, batch)
         try:
             for cond in task.when:
-                if not _truthy(templating.evaluate(cond, variables)):
+                if not templating.truthy(templating.evaluate(cond, variables)):
                     return TaskResult(skipped=True, msg=f"condition false: {cond}")
         except templating.TemplateProblem as exc:
             raise InputError(f"{where}: when: {exc}") from None
@@ -320,7 +325,7 @@ class Runner:
                 return result
             variables[reg] = result.as_var()
             try:
-                if _truthy(templating.evaluate(until, variables)):
+                if templating.truthy(templating.evaluate(until, variables)):
                     return result
             except templating.TemplateProblem as exc:
                 raise InputError(f"{where}: until: {exc}") from None
@@ -355,8 +360,9 @@ class Runner:
         before = journal_mod.recorded_releases(self.options.resume_events or []).get(play.index, {})
         missing = [h for h in hosts if h not in before]
         found = self.fleet.map(current_release, names=missing) if missing else {}
-        recorded = {**before, **{h: (r.value if r.ok else None) for h, r in found.items()}}
-        self.emit("recorded", play=play.index, releases={h: recorded.get(h) for h in hosts},
+        recorded = {**before, **{h: r.value for h, r in found.items() if r.ok}}
+        # A host not reached is not recorded, so a resumed run asks it again.
+        self.emit("recorded", play=play.index, releases={h: recorded[h] for h in hosts if h in recorded},
                   unreachable={h: r.reason for h, r in found.items() if not r.ok})
         return recorded
 
@@ -370,27 +376,23 @@ class Runner:
             return
         from fleetctl.release.manage import rollback_host
 
-        def back(ctx: HostContext) -> str:
+        def back(ctx: HostContext) -> tuple[str, str]:
             to = recorded.get(ctx.name)
             if not to:
-                return "no release ran before this rollout: left as it is"
+                return "ok", "no release recorded before this rollout: left as it is"
             outcome = rollback_host(ctx, to, self.options.rollback_timeout, self.holder)
             if not outcome.ok:
                 raise HostError(ctx.name, "rollback: " + "; ".join(g.detail for g in outcome.gates if not g.ok))
-            return f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
+            status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"
+            return status, f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
 
         results = self.fleet.map(back, names=targets)
         for host, res in results.items():
-            status = "rolled-back" if res.ok and str(res.value).startswith("rolled-back") else (
-                "ok" if res.ok else res.status.value)
+            status, msg = res.value if res.ok and res.value else (res.status.value, res.reason)
             if status == "rolled-back":
                 self.recap[host]["rolled_back"] += 1
-            self.emit("rollback", play=play.index, host=host, to=recorded.get(host), status=status,
-                      msg=res.value if res.ok else res.reason)
+            self.emit("rollback", play=play.index, host=host, to=recorded.get(host), status=status, msg=msg)
 
-
-def _truthy(value: Any) -> bool:
-    return templating._to_bool(value) if isinstance(value, str) else bool(value)
 
 
 def load_resume(folder: Path, run_id: str) -> list[dict[str, Any]]:

@@ -25,7 +25,8 @@ class TemplateProblem(Exception):
     """A template that does not parse or does not render; the caller adds file:line."""
 
 
-def _to_bool(value: Any) -> bool:
+def truthy(value: Any) -> bool:
+    """A condition's verdict, as Ansible reads it: the strings yes/true/on/1 are true."""
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on", "y")
     return bool(value)
@@ -67,7 +68,7 @@ def text_environment() -> Environment:
 
 def _extend(env: Environment) -> None:
     env.filters.update(quote=lambda v: shlex.quote(str(v)), to_json=lambda v: json.dumps(v, sort_keys=True),
-                       bool=_to_bool, basename=lambda v: os.path.basename(str(v)),
+                       bool=truthy, basename=lambda v: os.path.basename(str(v)),
                        dirname=lambda v: os.path.dirname(str(v)))
     env.tests.update(version=_version_test, failed=_result_flag("failed"), failure=_result_flag("failed"),
                      succeeded=_result_flag("failed", False), success=_result_flag("failed", False),

@@ -25,14 +25,6 @@ def _target(path):
     return os.path.realpath(path) if os.path.islink(path) else path
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _text(path, size, max_text):
     if size > max_text:
         return None
@@ -62,7 +54,7 @@ def file_state(path, max_text):
     if not stat_mod.S_ISREG(st.st_mode):
         out["kind"] = "other"
         return out
-    out.update(kind="file", mode=stat_mod.S_IMODE(st.st_mode), size=st.st_size, sha256=_sha256(real),
+    out.update(kind="file", mode=stat_mod.S_IMODE(st.st_mode), size=st.st_size, sha256=file_sha256(real),
                text=_text(real, st.st_size, max_text))
     return out
 
@@ -74,7 +66,7 @@ def write(path, data, mode, expect_sha256):
         raise FilesError("parent folder %s does not exist (create it first)" % parent)
     if os.path.isdir(real):
         raise FilesError("%s is a folder" % real)
-    now = _sha256(real) if os.path.isfile(real) else None
+    now = file_sha256(real) if os.path.isfile(real) else None
     if now != expect_sha256:
         raise FilesError("%s changed on the host while this task ran; nothing written" % real)
     atomic_write(real, data, mode)  # from the relocate include

@@ -98,12 +98,22 @@ def record_hash(data):
     return "sha256=" + digest
 
 
-def file_hash(path):
+def _file_digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             h.update(chunk)
-    return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode("ascii")
+    return h
+
+
+def file_hash(path):
+    """The file's RECORD digest ('sha256=' + urlsafe base64)."""
+    return "sha256=" + base64.urlsafe_b64encode(_file_digest(path).digest()).rstrip(b"=").decode("ascii")
+
+
+def file_sha256(path):
+    """The file's sha256 as hex."""
+    return _file_digest(path).hexdigest()
 
 
 def read_record(dist_info_dir):

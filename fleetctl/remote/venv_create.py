@@ -1,3 +1,4 @@
+# fleetctl-include: relocate
 # The host side of `fleetctl venv create`, run by the agent's own python.
 #
 # Stdlib only, Python >= 3.8. Actions:
@@ -10,7 +11,6 @@
 #     from the wheelhouse when given), after checking the uploaded wheels' hashes.
 import email.parser
 import glob
-import hashlib
 import os
 import re
 import shutil
@@ -70,14 +70,6 @@ def installed(venv):
     return dists
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def inspect(params):
     venv = params["venv"]
     python, version = find_python(params.get("python"))
@@ -85,7 +77,7 @@ def inspect(params):
     wheels = {}
     for name in params.get("wheels") or []:
         path = os.path.join(house, name)
-        wheels[name] = sha256(path) if os.path.isfile(path) else None
+        wheels[name] = file_sha256(path) if os.path.isfile(path) else None
     exists = os.path.exists(os.path.join(venv, "bin", "python"))
     return {"python": python, "python_version": version, "uv": find_uv(), "venv_exists": exists,
             "venv_version": venv_version(venv) if exists else None, "installed": installed(venv) if exists else {},
@@ -104,7 +96,7 @@ def run(argv, log):
 def check_wheels(house, wheels):
     for name, want in sorted((wheels or {}).items()):
         path = os.path.join(house, name)
-        if not os.path.isfile(path) or sha256(path) != want:
+        if not os.path.isfile(path) or file_sha256(path) != want:
             raise RuntimeError("wheel %s in %s does not have the uploaded hash (interrupted upload?)" % (name, house))
 
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
+from fleetctl.playbook.templating import truthy
 
 OUTPUT_KEEP = 64 * 1024  # what a registered result keeps of stdout/stderr (the tail)
 
@@ -58,7 +59,7 @@ def assert_(mc: ModuleContext, args: AssertArgs) -> TaskResult:
     """Every condition must hold on the host; the first that does not fails it, with the message."""
     for cond in args.that:
         value = mc.run.evaluate(cond, mc.vars) if isinstance(cond, str) else cond
-        if not _truthy(value):
+        if not truthy(value):
             why = args.fail_msg or args.msg
             return TaskResult(failed=True, msg=f"{why} (failed: {cond})" if why else f"assertion failed: {cond}",
                               data={"assertion": cond})
@@ -74,8 +75,3 @@ def fail(mc: ModuleContext, args: FailArgs) -> TaskResult:
     """Fail the host with a message (use with ``when``)."""
     return TaskResult(failed=True, msg=args.msg)
 
-
-def _truthy(value: object) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on", "y")
-    return bool(value)

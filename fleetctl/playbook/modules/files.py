@@ -26,7 +26,7 @@ from pydantic import field_validator, model_validator
 
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.secrets import MASK, secret_names
+from fleetctl.secrets import MASK, mask_values, secret_values
 
 MAX_CONTENT = 64 * 1024 * 1024  # travels in one agent message (base64): config files, not data sets
 MAX_DIFF_TEXT = 256 * 1024  # host files up to this size come back as text, to diff
@@ -89,24 +89,12 @@ class TemplateArgs(FileArgs):
 
 # --- pure helpers --------------------------------------------------------------------------------
 
-def secret_values(host_vars: Mapping[str, Any]) -> list[str]:
-    """The values of the host's secret variables, longest first (a secret holding another is masked whole)."""
-    values = {str(host_vars[n]) for n in secret_names(host_vars) if host_vars.get(n) not in (None, "")}
-    return sorted(values, key=lambda v: (-len(v), v))
-
-
-def mask(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, MASK)
-    return text
-
-
 def mask_old(old: str, new_masked: str, secrets: list[str]) -> str:
     """The host's old text as a diff may show it. Known secret values are masked; so are values the
     vars no longer hold (a rotated token): an old line replaced by a line holding a secret is masked
     in the same places when it has the same shape (``TOKEN=old`` vs ``TOKEN=********``), else whole.
     In a replaced block of another length every old line is such a candidate."""
-    old_lines = mask(old, secrets).splitlines(True)
+    old_lines = mask_values(old, secrets).splitlines(True)
     new_lines = new_masked.splitlines(True)
     out: list[str] = []
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
@@ -205,7 +193,7 @@ def file_diff(dest: str, now: HostFile, data: bytes, plan: FilePlan, secrets: li
                 f"; sha256 {now.sha256 or '-'} -> {hashlib.sha256(data).hexdigest()}"
             lines.append(f"content differs ({why}{hashes})\n")
         else:
-            after = mask(new, secrets)
+            after = mask_values(new, secrets)
             before = mask_old(old, after, secrets) if secrets else old
             text = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                                 "/dev/null" if plan.create else f"a{dest}", f"b{dest}"))
@@ -253,7 +241,7 @@ def ensure_file(mc: ModuleContext, dest: str, data: bytes, wanted_mode: int | No
     secret = holds_secret(data, secrets)
     now = host_file(mc, dest)
     plan = plan_file(now, data, wanted_mode, secret)
-    result = TaskResult(changed=plan.changed, msg=mask(plan_message(dest, plan, len(data), mc.check), secrets))
+    result = TaskResult(changed=plan.changed, msg=mask_values(plan_message(dest, plan, len(data), mc.check), secrets))
     result.diff = file_diff(dest, now, data, plan, secrets) if mc.diff and plan.changed else ""
     result.data = {"dest": dest, "size": len(data), "mode": format_mode(plan.mode),
                    "created": plan.create and not mc.check, "secret": secret}
