@@ -83,7 +83,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
                           "exit_code": code, "recap": {h: dict(c) for h, c in runner.recap.items()},
                           "results": runner.results})
     else:
-        printer.recap(runner.recap, runner.status, journal.run_id, journal.path)
+        printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
+                      resume=f"fleetctl -i {inventory.path} run {playbook_path} --resume {journal.run_id}")
     return code
 
 
@@ -206,12 +207,13 @@ class Printer:
         at = f"in batch {e['batch']}, before task {e['task']!r}" if e.get("task") else f"before batch {e['batch']}"
         self.say(f"[bold yellow]INTERRUPTED[/] {_esc(at)}; not finished: {', '.join(e['pending']) or '-'}")
 
-    def recap(self, recap: dict[str, Any], status: str, run_id: str, path: Path) -> None:
+    def recap(self, recap: dict[str, Any], status: str, run_id: str, path: Path, resume: str | None = None) -> None:
         rows = [[h, *(str(c[k]) for k in ("ok", "changed", "failed", "unreachable", "skipped", "ignored",
                                           "rolled_back"))] for h, c in sorted(recap.items())]
         self.out.print(render.table("recap", ["host", "ok", "changed", "failed", "unreachable", "skipped",
                                               "ignored", "rolled back"], rows))
-        hint = f"; resume with: fleetctl run ... --resume {run_id}" if status in ("halted", "interrupted") else ""
+        stopped = status in ("halted", "interrupted")
+        hint = f"; resume with: {resume or f'fleetctl run PLAYBOOK --resume {run_id}'}" if stopped else ""
         self.out.print(render.cell(f"run {run_id}: {status} · journal {path} (fleetctl runs show {run_id}){hint}"),
                        soft_wrap=True)
 
