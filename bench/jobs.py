@@ -6,6 +6,7 @@ Every sample is checked (exit status and output) before it counts: a fast failur
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shlex
 import subprocess
@@ -128,16 +129,46 @@ def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(warmup + runs):
         for name, job in jobs.items():
+            # CPU of helpers the command left running (fleetctl's kept-connection server): not a child
+            helper = getattr(job, "helper_cpu", None)
+            helper_before = helper() if helper else 0.0
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             on_hosts = host_cpu() if host_cpu else 0.0
             took = job()
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            helper_used = helper() - helper_before if helper else 0.0
             if host_cpu and hosts is not None and i >= warmup:
                 time.sleep(0.05)  # let the hosts' sshd reap the sessions that just ended
                 hosts.setdefault(name, []).append(round(host_cpu() - on_hosts, 3))
             if i >= warmup:
                 samples[name].append(took)
                 if cpu is not None:
-                    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+                    used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime + helper_used
                     cpu.setdefault(name, []).append(round(used, 4))
     return samples
+
+
+def pid_files_cpu(folder: Path) -> Callable[[], float]:
+    """CPU seconds used so far by the processes named in ``folder/*.pid`` (user + system)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def used() -> float:
+        total = 0.0
+        for pid_file in folder.glob("*.pid"):
+            try:
+                fields = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, ValueError):
+                continue
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        return total
+
+    return used
+
+
+def compile_fleetctl() -> None:
+    """Byte-compile fleetctl first, as an install does: with PYTHONDONTWRITEBYTECODE set (this
+    machine's default) a module edited since the install would be compiled again on every run."""
+    import sys
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(__file__).resolve().parent.parent / "fleetctl")],
+                   check=True, stdout=subprocess.DEVNULL)

@@ -214,12 +214,29 @@ class Lab:
         self.ansible_env = peers.ansible_setup(fleet.directory, self.addrs, work / "ansible")
         self.ansible_dir = work / "ansible"
         self.pyinfra_inv = peers.pyinfra_setup(fleet.directory, self.addrs, work / "pyinfra")
+        self.mux_dir = fleet.directory / "mux"
+        self.ssh_masters = fleet.directory / "ssh-masters"
+        self.ssh_masters.mkdir(mode=0o700, exist_ok=True)
 
     def fleetctl(self, args: list[str], check: Callable[[int, str], str | None],
-                 before: Callable[[], None] | None = None) -> Job:
+                 before: Callable[[], None] | None = None, persist: bool = False) -> Job:
         # -f: as many hosts in parallel as the lab has (the default, 32, is the same up to 32 hosts)
         argv = [str(jobs.FLEETCTL), "-i", str(self.inv), "-f", str(max(self.count, 32)), *args, "--json"]
-        return jobs.checked_job(argv, check, before=before)
+        if not persist:
+            return jobs.checked_job(argv, check, before=before)
+        # Kept connections, as ansible's ControlPersist: the warm-up round opens them. The server's
+        # CPU counts as the command's client CPU.
+        env = {**os.environ, "FLEETCTL_MUX_DIR": str(self.mux_dir), "FLEETCTL_PERSIST": "300"}
+        job = jobs.checked_job(argv, check, before=before, env=env)
+        job.helper_cpu = jobs.pid_files_cpu(self.mux_dir)  # type: ignore[attr-defined]
+        return job
+
+    def stop_kept(self) -> None:
+        from fleetctl.transport import mux
+
+        mux.stop_server(mux.socket_path(self.mux_dir))
+        for master in self.ssh_masters.glob("cm-*"):
+            subprocess.run(["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True)
 
     def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool]) -> dict[str, Job]:
         script = self.scripts[job]
@@ -227,6 +244,11 @@ class Lab:
             "openssh": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect),
             "openssh-x25519": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect,
                                                       SAME_KEX),
+            # The lower bound with kept connections: OpenSSH's own ControlPersist master per host.
+            "openssh-persist": jobs.openssh_script_job(
+                self.fleet.directory, self.addrs, python, script, expect,
+                (*SAME_KEX, "-o", "ControlMaster=auto", "-o", f"ControlPath={self.ssh_masters}/cm-%C",
+                 "-o", "ControlPersist=300")),
             "ansible-core": jobs.checked_job(peers.ansible_argv(self.ansible_dir, script, python),
                                              ansible_answers(marker, self.count), env=self.ansible_env),
             "pyinfra": jobs.checked_job(peers.pyinfra_argv(self.pyinfra_inv, script, python, self.count),
@@ -238,6 +260,7 @@ class Lab:
             return json.loads(out)["hostname"] == f"lab{n}"
 
         return {"fleetctl": self.fleetctl(["ping"], json_summary("ok", self.count)),
+                "fleetctl-persist": self.fleetctl(["ping"], json_summary("ok", self.count), persist=True),
                 **self.peer_jobs("ping", SYS_PY, '"python_version": ', expect)}
 
     def inventory(self) -> dict[str, Job]:
@@ -246,6 +269,7 @@ class Lab:
 
         args = ["drift", "--venv", VENV, "--skip", "unsatisfied"]
         return {"fleetctl": self.fleetctl(args, json_summary("hosts", self.count)),
+                "fleetctl-persist": self.fleetctl(args, json_summary("hosts", self.count), persist=True),
                 **self.peer_jobs("inventory", VENV_PY, f'"dist_info": "sglang-{SGLANG}.dist-info"', expect)}
 
     def search(self) -> dict[str, Job]:
@@ -256,6 +280,7 @@ class Lab:
 
         args = ["probe", "grep", *TERMS, "--package", "sglang", "--subpath", "srt", "--venv", VENV]
         return {"fleetctl": self.fleetctl(args, json_summary("ok", self.count)),
+                "fleetctl-persist": self.fleetctl(args, json_summary("ok", self.count), persist=True),
                 **self.peer_jobs("search", VENV_PY, f'"matched_lines": {lines}', expect)}
 
     def expected_lines(self) -> int:
@@ -272,7 +297,9 @@ class Lab:
         return {"drift, first run": self.fleetctl(base, ok, before=clear),
                 "drift, second run": self.fleetctl(base, ok),
                 "drift --verify-files, first run": self.fleetctl(verify, ok, before=clear),
-                "drift --verify-files, second run": self.fleetctl(verify, ok)}
+                "drift --verify-files, second run": self.fleetctl(verify, ok),
+                "drift --verify-files --persist, first run": self.fleetctl(verify, ok, before=clear, persist=True),
+                "drift --verify-files --persist, second run": self.fleetctl(verify, ok, persist=True)}
 
     def release(self, runs: int) -> dict[str, list[float]]:
         """Deploy the example (DDTree) release, fresh every run (a new version each time, so a real
@@ -304,6 +331,16 @@ def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[s
     lab = Lab(fleet)
     meter, _group = host_cpu_meter(fleet)
     out: dict[str, dict[str, list[float]]] = {}
+    try:
+        measure_jobs(lab, wanted, runs, release, out, cpu, host_cpu, meter)
+    finally:
+        lab.stop_kept()
+    return out
+
+
+def measure_jobs(lab: Lab, wanted: list[str], runs: int, release: bool, out: dict[str, dict[str, list[float]]],
+                 cpu: dict[str, dict[str, list[float]]], host_cpu: dict[str, dict[str, list[float]]],
+                 meter: Callable[[], float] | None) -> None:
     for job in wanted:
         if job == "release":
             if release:
@@ -315,7 +352,6 @@ def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[s
         out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}), host_cpu=meter,
                                 hosts=host_cpu.setdefault(name, {}))
         print(f"  {name}: {time.monotonic() - t0:.1f}s", flush=True)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [j for j in args.jobs.split(",") if j]
     if set(wanted) - set(ALL_JOBS):
         ap.error(f"--jobs: unknown {sorted(set(wanted) - set(ALL_JOBS))}")
+    jobs.compile_fleetctl()
     given = sys.argv[1:] if argv is None else argv
     command = ".venv/bin/python bench/run.py " + shlex.join(given) if given else "make bench"
     doc: dict = {

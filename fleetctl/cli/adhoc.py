@@ -14,7 +14,7 @@ from fleetctl.cli.options import exit_code_for, host_options, venv_option
 @click.pass_obj
 def ping(app: AppContext) -> int:
     """Reach every host: connect, start its agent, measure a round trip."""
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = adhoc.ping(fleet)
     if app.json:
         render.emit_json(render.results_json(results, lambda v: v.to_dict()))
@@ -59,7 +59,7 @@ def facts(app: AppContext, venv: str | None) -> int:
     """Hostname, OS, CPUs, memory, disks, Pythons, GPUs (nvidia-smi), and the venv's ML stack."""
     from fleetctl import facts as core
 
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = fleet.map(lambda ctx: core.collect_facts(ctx, venv or ctx.host.connection.venv))
     if app.json:
         render.emit_json(render.results_json(results, lambda f: f.to_dict()))

@@ -21,6 +21,7 @@ class AppContext:
     verbose: int
     extra_vars: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
+    persist: float = 0.0
     _inventory: Inventory | None = None
 
     @property
@@ -36,8 +37,11 @@ class AppContext:
     def selected_hosts(self, limit: str | None = None) -> list[Host]:
         return self.inventory.select(limit if limit is not None else self.limit)
 
-    def fleet(self, limit: str | None = None) -> Fleet:
+    def fleet(self, limit: str | None = None, *, read_only: bool = False) -> Fleet:
+        """The selected hosts' fleet. Only ``read_only`` commands use kept connections (``--persist``):
+        a change always runs on connections of its own, so nothing it holds outlives it."""
         from fleetctl.transport.fleet import Fleet, RunSettings
 
-        settings = RunSettings(forks=self.forks, command_timeout=self.timeout)
+        settings = RunSettings(forks=self.forks, command_timeout=self.timeout,
+                               persist=self.persist if read_only else 0.0)
         return Fleet(self.inventory, self.selected_hosts(limit), settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -13,20 +14,36 @@ import click
 
 from fleetctl import __version__
 from fleetctl.cli import options
-from fleetctl.cli.adhoc import facts, ping, shell
 from fleetctl.cli.context import AppContext
-from fleetctl.cli.drift import drift
-from fleetctl.cli.hosts import hosts
-from fleetctl.cli.kernels import kernels
-from fleetctl.cli.lab import lab
-from fleetctl.cli.probe import probe
-from fleetctl.cli.release import deploy, releases, rollback, status
-from fleetctl.cli.run import run, runs
-from fleetctl.cli.venv import venv
 from fleetctl.errors import ExitCode, FleetError
 
+# Each command's module is imported when that command runs (click's lazy-loading pattern): a
+# command pays only for its own imports, which is most of a short command's time.
+COMMANDS = {
+    "hosts": "fleetctl.cli.hosts:hosts", "ping": "fleetctl.cli.adhoc:ping", "shell": "fleetctl.cli.adhoc:shell",
+    "facts": "fleetctl.cli.adhoc:facts", "probe": "fleetctl.cli.probe:probe", "drift": "fleetctl.cli.drift:drift",
+    "venv": "fleetctl.cli.venv:venv", "deploy": "fleetctl.cli.release:deploy",
+    "rollback": "fleetctl.cli.release:rollback", "status": "fleetctl.cli.release:status",
+    "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
+    "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
+    "lab": "fleetctl.cli.lab:lab",
+}
 
-@click.group(context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = COMMANDS[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
 @click.option("-i", "--inventory", "inventory_path", envvar="FLEETCTL_INVENTORY", metavar="PATH",
               help="Inventory file (Ansible YAML format). Env: FLEETCTL_INVENTORY.")
 @click.option("-l", "--limit", metavar="PATTERN", help="Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+'.")
@@ -37,22 +54,20 @@ from fleetctl.errors import ExitCode, FleetError
               callback=options.parse_extra_vars, help="Variables that override the inventory's.")
 @click.option("-T", "--timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
               help="Per-command timeout in seconds.")
+@click.option("--persist", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS", envvar="FLEETCTL_PERSIST",
+              help="Keep SSH connections and agents this long after a read-only command (ping, facts, probe, "
+                   "drift, status, releases) for the next ones, like ControlPersist; 0: off. Env: FLEETCTL_PERSIST.")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks: int, as_json: bool,
-        extra_vars: dict[str, object], timeout: float, verbose: int) -> None:
+        extra_vars: dict[str, object], timeout: float, persist: float, verbose: int) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout)
-
-
-for command in (hosts, ping, shell, facts, probe, drift, venv, deploy, rollback, status, releases, run, runs, kernels,
-                lab):
-    cli.add_command(command)
+    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist)
 
 
 def _crash_log() -> Path:

@@ -42,7 +42,7 @@ def import_(app: AppContext, target: str, venv: str | None, timeout: float, expe
     --expect present means: it imports, and ATTR exists when given.
     """
     request = import_core.ImportRequest.parse(target, venv, timeout)
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = import_core.run_import(fleet, request)
     if app.json:
         render.emit_json(render.results_json(results, as_dict))
@@ -71,7 +71,7 @@ def http(app: AppContext, path: str, port: int | None, fields: tuple[str, ...], 
     (older SGLang), and the answer says which path answered.
     """
     request = http_core.HttpRequest(path, port, fields, timeout)
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = http_core.run_http(fleet, request)
     if app.json:
         render.emit_json(render.results_json(results, as_dict))
@@ -108,7 +108,7 @@ def script(app: AppContext, file: str, args: tuple[str, ...], venv: str | None, 
     """
     timeout = min(timeout, app.timeout or timeout)  # -T caps the script's own timeout
     request = script_core.ScriptRequest.load(file, args, venv, python, timeout)
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = script_core.run_script(fleet, request)
     if app.json:
         render.emit_json(render.results_json(results, as_dict))

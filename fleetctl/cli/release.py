@@ -129,7 +129,7 @@ def status(app: AppContext) -> int:
     """Per host: the current and previous release, the service state and its health."""
     from fleetctl.release.manage import status_host
 
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = fleet.map(status_host)
     if app.json:
         render.emit_json(render.results_json(results, lambda r: r.to_dict()))
@@ -158,7 +158,7 @@ def list_releases(app: AppContext) -> int:
     """Every release on each host, marking current and previous."""
     from fleetctl.release.manage import status_host
 
-    with app.fleet() as fleet:
+    with app.fleet(read_only=True) as fleet:
         results = fleet.map(status_host)
     if app.json:
         render.emit_json(render.results_json(results, lambda r: {"current": r.current, "previous": r.previous,

@@ -2,7 +2,8 @@
 #
 # Stdlib only, Python >= 3.8. Protocol on stdin/stdout: after a magic hello line, every
 # message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
-# Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?}
+# Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?,
+#            "fresh"?} -- "fresh": run the module in a new namespace (a new command on a kept agent)
 # Answers:  {"id", "ok": true, "result": ...} | {"id", "ok": false, "error": {"type", "message", "traceback"}}
 # Module source is shipped once per run and cached here by hash. The agent exits at EOF on
 # stdin, so it never outlives the connection that started it.
@@ -94,14 +95,14 @@ def write_message(out, obj):
 
 class Agent(object):
     def __init__(self):
-        self.modules = {}  # hash -> (module name, source, namespace or None)
+        self.modules = {}  # hash -> [module name, source, namespace or None, code or None]
 
     def load(self, req):
         h = req["hash"]
         if h not in self.modules:
             if req.get("source") is None:
                 raise LookupError("module %s (%s) not cached on this agent" % (req["module"], h))
-            self.modules[h] = [req["module"], req["source"], None]
+            self.modules[h] = [req["module"], req["source"], None, None]
         return self.modules[h]
 
     def call(self, req):
@@ -110,9 +111,13 @@ class Agent(object):
         if python:
             return self.call_child(python, entry[0], entry[1], req["hash"], req.get("params") or {},
                                    req.get("timeout"))
-        if entry[2] is None:
+        if entry[3] is None:
+            entry[3] = compile(entry[1], "<fleetctl-remote:%s>" % entry[0], "exec")
+        if entry[2] is None or req.get("fresh"):
+            # A kept agent (persistent connections) serves many commands: each starts with the
+            # module's top level run again, so no module state outlives the command.
             ns = {"__name__": "fleetctl_remote_" + entry[0]}
-            exec(compile(entry[1], "<fleetctl-remote:%s>" % entry[0], "exec"), ns)
+            exec(entry[3], ns)
             entry[2] = ns
         return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}
 

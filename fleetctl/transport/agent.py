@@ -28,6 +28,9 @@ REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
 MAX_NOISE = 64 * 1024  # login-file chatter tolerated before the hello
 MAX_MESSAGE = 256 * 1024 * 1024
+# Modules that import user code: run in a child interpreter even when the agent runs the same
+# python, so nothing they import stays loaded in the agent (stale after a deploy).
+OWN_PROCESS_MODULES = frozenset({"importprobe"})
 _MODULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
@@ -203,19 +206,28 @@ class AgentClient:
 
     def call(
         self, module: str, params: dict[str, Any] | None = None, *, python: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, source: tuple[str, str] | None = None, fresh: bool = False,
     ) -> Any:
-        source, digest = module_source(module)
+        """``main(params)`` of remote ``module``: in the agent, or in a child under ``python``.
+
+        ``source`` (text, hash) overrides this checkout's module source (the persistent-connection
+        server runs what its client sent); ``fresh`` re-runs the module's top level first."""
+        text, digest = source or module_source(module)
         with self._lock:
             self._ensure_started()
-            if python is not None and self.info is not None and python == self.info.python:
+            if module in OWN_PROCESS_MODULES:
+                # Imports must not stay in a long-lived agent: always a child, fresh each call.
+                python = python or (self.info.python if self.info else None)
+            elif python is not None and self.info is not None and python == self.info.python:
                 python = None  # the agent already runs that interpreter: no child needed
             msg: dict[str, Any] = {
                 "op": "call", "module": module, "hash": digest, "params": params or {},
                 "python": python, "timeout": timeout,
             }
+            if fresh:
+                msg["fresh"] = True
             if digest not in self._sent:
-                msg["source"] = source
+                msg["source"] = text
             self._sent.add(digest)  # a fresh agent (after a restart) resets this set
             # The agent enforces a child interpreter's timeout itself: allow it slack to report.
             slack = 5.0 if python else 0.0

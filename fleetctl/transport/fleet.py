@@ -23,6 +23,7 @@ from fleetctl.transport.base import CommandResult, Connector, HostResult, Status
 if TYPE_CHECKING:
     from fleetctl.connection import ConnectionSpec
     from fleetctl.inventory import Host, Inventory
+    from fleetctl.transport.mux import MuxAgentClient
     from fleetctl.transport.ssh import SSHTarget
 
 T = TypeVar("T")
@@ -34,6 +35,7 @@ class RunSettings:
     forks: int = 32
     command_timeout: float | None = 600.0
     connect_timeout: float | None = None  # None: each host's ansible_timeout
+    persist: float = 0.0  # > 0: agent requests go through the kept connections (transport/mux.py)
 
 
 def interpreters(spec: ConnectionSpec) -> list[str]:
@@ -80,7 +82,7 @@ class HostContext:
         self.vars: dict[str, Any] = dict(host.vars)
         self.connector = connector
         self.settings = settings
-        self.agent = AgentClient(host.name, connector, interpreters(host.connection))
+        self.agent: AgentClient | MuxAgentClient = _agent(host, connector, settings)
         self.unreachable: str | None = None
 
     def call(
@@ -102,6 +104,15 @@ class HostContext:
             self.connector.close()
 
 
+def _agent(host: Host, connector: Connector, settings: RunSettings) -> AgentClient | MuxAgentClient:
+    target = getattr(connector, "target", None)
+    if settings.persist > 0 and target is not None:  # an SSH host: its agent is kept between commands
+        from fleetctl.transport.mux import MuxAgentClient
+
+        return MuxAgentClient(host.name, target, interpreters(host.connection), settings.persist)
+    return AgentClient(host.name, connector, interpreters(host.connection))
+
+
 def make_connector(inventory: Inventory, host: Host, settings: RunSettings) -> Connector:
     spec = host.connection
     if spec.kind == "local":
@@ -119,6 +130,10 @@ class Fleet:
     def __init__(self, inventory: Inventory, hosts: list[Host], settings: RunSettings | None = None) -> None:
         self.inventory = inventory
         self.settings = settings or RunSettings()
+        if self.settings.persist > 0 and any(h.connection.kind != "local" for h in hosts):
+            from fleetctl.transport.mux import mux_dir, private_dir
+
+            private_dir(mux_dir())  # a folder others could enter is refused before any host is asked
         self.contexts = {
             h.name: HostContext(h, make_connector(inventory, h, self.settings), self.settings) for h in hosts
         }

@@ -1,0 +1,552 @@
+"""Persistent connections: a background process keeps SSH connections and agents between commands.
+
+What OpenSSH's ControlPersist (and Ansible, which turns it on) does for ``ssh``, for fleetctl's
+agents: with ``--persist SECONDS`` (or ``FLEETCTL_PERSIST``), the read-only commands (ping, facts,
+probe, drift, status, releases) send their agent requests over a Unix socket to one server
+process per user, which holds one SSH connection per host and one agent per interpreter on it.
+The next command skips the key exchange, the login and the interpreter start. The server exits
+after SECONDS without a command (and closes every connection); ``fleetctl connections stop``
+ends it at once.
+
+Safety decisions:
+- only read-only commands use it; deploy, rollback, venv and playbook runs always open their own
+  connections, so a host lock or a half-finished change never outlives its command;
+- host keys are checked when the server connects, exactly as a direct connection does; the
+  connection is keyed by everything that decides it (address, user, key file, known_hosts, and
+  the known_hosts and key files' size and mtime), so a re-pinned or revoked key is used at once;
+- the socket lives in a folder only this user can enter, and the server answers only peers with
+  this user's uid (SO_PEERCRED): holding the socket is holding root on every connected host;
+- each command runs every remote module's top level afresh (no module state outlives a command),
+  and import probes always run in a child interpreter;
+- a kept connection is checked with one agent round trip when a command attaches; a dead one is
+  replaced by a fresh connection before the command's first request, never retried after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetctl.errors import (
+    AgentError,
+    CommandError,
+    ConnectError,
+    FleetError,
+    HostError,
+    HostKeyError,
+    InputError,
+    RemoteOperationError,
+)
+from fleetctl.transport.agent import AgentInfo, module_source
+
+if TYPE_CHECKING:
+    from fleetctl.transport.agent import AgentClient
+    from fleetctl.transport.ssh import SSHConnector, SSHTarget
+
+log = logging.getLogger("fleetctl.mux")
+PROTOCOL = 1
+MAX_FRAME = 256 * 1024 * 1024
+SPAWN_WAIT_S = 15.0
+_HERE = Path(__file__).resolve().parent
+# The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
+_SERVER_CODE = (_HERE / "mux.py", _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
+                _HERE.parent / "remote" / "agent.py")
+
+
+# -- where ---------------------------------------------------------------------------------------
+def mux_dir() -> Path:
+    configured = os.environ.get("FLEETCTL_MUX_DIR")
+    return Path(configured) if configured else Path("~/.cache/fleetctl/mux").expanduser()
+
+
+def socket_path(directory: Path | None = None) -> Path:
+    digest = hashlib.sha256(str(PROTOCOL).encode())
+    for path in _SERVER_CODE:
+        digest.update(path.read_bytes())
+    return (directory or mux_dir()) / f"fleetctl-{digest.hexdigest()[:12]}.sock"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created 0700, and refused unless it is a real folder of ours that no one else can enter."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise InputError(f"{path}: the persistent-connection folder must be a folder owned by this user "
+                         f"with mode 0700 (it is {stat.filemode(st.st_mode)}, uid {st.st_uid}); fix or remove it")
+    return path
+
+
+# -- framing -------------------------------------------------------------------------------------
+def send_frame(sock: socket.socket, obj: Any) -> None:
+    data = json.dumps(obj, default=str).encode()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def recv_frame(sock: socket.socket) -> Any:
+    """The next message, or ``None`` at a clean end of stream."""
+    header = _recv_exact(sock, 4)
+    if header is None:
+        return None
+    size = struct.unpack(">I", header)[0]
+    if size > MAX_FRAME:
+        raise OSError(f"{size}-byte message (limit {MAX_FRAME})")
+    body = _recv_exact(sock, size)
+    if body is None:
+        raise EOFError("stream ended inside a message")
+    return json.loads(body)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            if buf:
+                raise EOFError("stream ended inside a message")
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+# -- errors across the socket --------------------------------------------------------------------
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    out: dict[str, Any] = {"class": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, HostError):
+        out.update(host=exc.host, reason=exc.reason)
+    if isinstance(exc, RemoteOperationError):
+        out.update(op=exc.op, etype=exc.etype, remote_message=exc.remote_message,
+                   remote_traceback=exc.remote_traceback)
+    return out
+
+
+def raise_payload(host: str, err: dict[str, Any]) -> None:
+    """Raise the error the server met, as the same class a direct connection raises."""
+    cls, reason = err.get("class"), err.get("reason") or err.get("message", "")
+    if cls == "RemoteOperationError":
+        raise RemoteOperationError(host, err.get("op", "?"), err.get("etype", "Error"),
+                                   err.get("remote_message", ""), err.get("remote_traceback", ""))
+    if cls == "HostKeyError":
+        raise HostKeyError(host, reason)
+    if cls == "ConnectError":
+        raise ConnectError(host, reason)
+    if cls == "CommandError":
+        raise CommandError(host, reason, None, "")
+    if cls == "AgentError":
+        raise AgentError(host, reason)
+    raise AgentError(host, f"persistent-connection server: {cls}: {err.get('message', '')}")
+
+
+# -- client --------------------------------------------------------------------------------------
+_spawn_lock = threading.Lock()
+
+
+def connect(path: Path, persist: float, *, spawn: bool = True) -> socket.socket:
+    """A socket to the server at ``path``, starting the server first when none answers."""
+    try:
+        return _dial(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        if not spawn:
+            raise
+    private_dir(path.parent)
+    lock_fd = os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    with _spawn_lock, os.fdopen(lock_fd, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one spawner among this command's threads and other commands
+        with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+            return _dial(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a server that died without cleaning up
+        log_path = path.with_suffix(".log")
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleetctl.transport.mux", str(path), str(persist)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fd, close_fds=True,
+                start_new_session=True, cwd="/",
+            )
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + SPAWN_WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+                return _dial(path)
+            if proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:] if log_path.exists() else []
+        raise FleetError(f"the persistent-connection server did not start ({log_path}): {' | '.join(tail)}")
+
+
+def _dial(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def request(sock: socket.socket, msg: dict[str, Any]) -> dict[str, Any]:
+    send_frame(sock, msg)
+    answer = recv_frame(sock)
+    if answer is None:
+        raise EOFError("the persistent-connection server closed the connection")
+    return dict(answer)
+
+
+class MuxAgentClient:
+    """The ``AgentClient`` interface, served by the persistent-connection server."""
+
+    def __init__(self, host: str, target: SSHTarget, interpreters: list[str], persist: float,
+                 path: Path | None = None) -> None:
+        self.host = host
+        self.target = target
+        self.interpreters = interpreters
+        self.persist = persist
+        self.path = path or socket_path()
+        self.info: AgentInfo | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def _session(self) -> socket.socket:
+        if self._sock is None:
+            sock = connect(self.path, self.persist)
+            try:
+                answer = request(sock, {"op": "attach", "host": self.host, "target": target_doc(self.target),
+                                        "interpreters": self.interpreters, "persist": self.persist})
+            except (OSError, EOFError, ValueError) as exc:
+                sock.close()
+                raise AgentError(self.host, f"persistent-connection server failed: {exc}") from None
+            if not answer.get("ok"):
+                sock.close()
+                raise_payload(self.host, answer.get("error") or {})
+            self.info = AgentInfo(**answer["result"])
+            self._sock = sock
+        return self._sock
+
+    def _ask(self, msg: dict[str, Any]) -> Any:
+        with self._lock:
+            sock = self._session()
+            try:
+                answer = request(sock, msg)
+            except (OSError, EOFError, ValueError) as exc:
+                self._drop()
+                raise AgentError(self.host, f"persistent-connection server failed: {exc}") from None
+            if not answer.get("ok"):
+                raise_payload(self.host, answer.get("error") or {})
+            return answer.get("result")
+
+    def ping(self, timeout: float = 30.0) -> AgentInfo:
+        self.info = AgentInfo(**self._ask({"op": "ping", "timeout": timeout}))
+        return self.info
+
+    def call(self, module: str, params: dict[str, Any] | None = None, *, python: str | None = None,
+             timeout: float | None = None) -> Any:
+        text, digest = module_source(module)
+        return self._ask({"op": "call", "module": module, "source": text, "hash": digest,
+                          "params": params or {}, "python": python, "timeout": timeout})
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()  # the connection and the agents stay with the server
+
+
+def target_doc(target: SSHTarget) -> dict[str, Any]:
+    doc = asdict(target)  # nested jump targets become dicts too
+    return json.loads(json.dumps(doc, default=str))
+
+
+def target_from_doc(doc: dict[str, Any]) -> SSHTarget:
+    from fleetctl.transport.ssh import SSHTarget
+
+    jump = target_from_doc(doc["jump"]) if doc.get("jump") else None
+    return SSHTarget(hostname=doc["hostname"], port=int(doc["port"]), user=doc["user"], key_file=doc["key_file"],
+                     known_hosts=Path(doc["known_hosts"]), connect_timeout=float(doc["connect_timeout"]), jump=jump)
+
+
+def server_status(path: Path | None = None) -> list[dict[str, Any]] | None:
+    """The server's kept connections, or ``None`` when no server runs."""
+    try:
+        sock = _dial(path or socket_path())
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    with sock:
+        return list(request(sock, {"op": "list"}).get("result") or [])
+
+
+def stop_server(path: Path | None = None, wait_s: float = 10.0) -> int | None:
+    """Stop the server (closing every kept connection); how many it held, or ``None`` if none ran."""
+    path = path or socket_path()
+    try:
+        sock = _dial(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    with sock:
+        held = int(request(sock, {"op": "stop"}).get("result") or 0)
+    deadline = time.monotonic() + wait_s
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return held
+
+
+# -- server --------------------------------------------------------------------------------------
+def _file_key(path: str | None) -> list[Any]:
+    if not path:
+        return []
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path, None]
+    return [path, st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def entry_key(host: str, target: dict[str, Any], interpreters: list[str]) -> str:
+    """Everything that decides a connection and its trust; any change means a new connection."""
+    parts: list[Any] = [host, target, interpreters]
+    hop: dict[str, Any] | None = target
+    while hop:
+        parts += [_file_key(hop.get("known_hosts")), _file_key(hop.get("key_file"))]
+        hop = hop.get("jump")
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class KeptHost:
+    """One host's kept connection and its agents (one per interpreter asked for)."""
+
+    def __init__(self, host: str, target: SSHTarget, interpreters: list[str]) -> None:
+        from fleetctl.transport.agent import AgentClient
+        from fleetctl.transport.ssh import SSHConnector
+
+        self.host = host
+        self.connector: SSHConnector = SSHConnector(host, target)
+        self.main: AgentClient = AgentClient(host, self.connector, interpreters)
+        self.others: dict[str, AgentClient | None] = {}  # python -> its agent (None: it would not start)
+        self.lock = threading.Lock()  # guards ``others``
+        self.last_used = time.monotonic()
+        self.users = 0
+
+    def agent_for(self, python: str | None) -> tuple[AgentClient, str | None]:
+        """The agent that runs a call under ``python`` itself, or the main agent and a child python."""
+        from fleetctl.transport.agent import AgentClient
+
+        main_python = self.main.info.python if self.main.info else None
+        if python is None or python == main_python:
+            return self.main, None
+        with self.lock:
+            if python not in self.others:
+                agent: AgentClient | None = AgentClient(self.host, self.connector, [python])
+                try:
+                    assert agent is not None
+                    agent.ping()
+                except (AgentError, OSError):
+                    # Not there, or not a python: the main agent's child path says so as it always has.
+                    agent = None
+                self.others[python] = agent
+            found = self.others[python]
+        return (found, None) if found is not None else (self.main, python)
+
+    def close(self) -> None:
+        for agent in [self.main, *(a for a in self.others.values() if a is not None)]:
+            with contextlib.suppress(Exception):
+                agent.close()
+        with contextlib.suppress(Exception):
+            self.connector.close()
+
+
+class MuxServer:
+    def __init__(self, path: Path, persist: float) -> None:
+        self.path = path
+        self.persist = persist
+        self.hosts: dict[str, KeptHost] = {}
+        self.lock = threading.Lock()
+        self.sessions = 0
+        self.last_active = time.monotonic()
+        self.stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def serve(self) -> int:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(self.path))
+        finally:
+            os.umask(old)
+        listener.listen(256)
+        listener.settimeout(0.5)
+        pid_file = self.path.with_suffix(".pid")  # for `connections list` and the benchmarks' CPU meter
+        fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    self._expire()
+                    continue
+                threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+        finally:
+            for done in (self.path, pid_file):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(done)
+            listener.close()
+            self.close_all()
+        return 0
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.sessions == 0 and now - self.last_active > self.persist:
+                self.stopping.set()
+                return
+            idle = [k for k, h in self.hosts.items() if h.users == 0 and now - h.last_used > self.persist]
+            gone = [self.hosts.pop(k) for k in idle]
+        for kept in gone:
+            kept.close()
+
+    def close_all(self) -> int:
+        with self.lock:
+            kept, self.hosts = list(self.hosts.values()), {}
+        threads = [threading.Thread(target=k.close, daemon=True) for k in kept]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return len(kept)
+
+    # -- one client connection (one host of one command) -------------------------------------
+    def _session(self, conn: socket.socket) -> None:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.geteuid():
+            conn.close()  # only our own user may use our connections
+            return
+        with self.lock:
+            self.sessions += 1
+        kept: KeptHost | None = None
+        fresh: set[tuple[int, str]] = set()
+        try:
+            while True:
+                msg = recv_frame(conn)
+                if msg is None:
+                    return
+                try:
+                    result, kept = self._handle(msg, kept, fresh)
+                    send_frame(conn, {"ok": True, "result": result})
+                except Exception as exc:  # the client raises it as the same class
+                    if not isinstance(exc, FleetError):
+                        log.exception("request failed")
+                    if isinstance(exc, ConnectError | AgentError) and kept is not None:
+                        self._forget(kept)
+                        kept = None
+                    send_frame(conn, {"ok": False, "error": error_payload(exc)})
+        except (OSError, EOFError, ValueError):
+            return
+        finally:
+            conn.close()
+            with self.lock:
+                self.sessions -= 1
+                self.last_active = time.monotonic()
+                if kept is not None:
+                    kept.users -= 1
+                    kept.last_used = time.monotonic()
+
+    def _handle(self, msg: dict[str, Any], kept: KeptHost | None,
+                fresh: set[tuple[int, str]]) -> tuple[Any, KeptHost | None]:
+        op = msg.get("op")
+        if op == "attach":
+            kept = self._attach(msg)
+            assert kept.main.info is not None
+            return asdict(kept.main.info), kept
+        if op == "list":
+            return self._list(), kept
+        if op == "stop":
+            held = self.close_all()
+            self.stopping.set()
+            return held, kept
+        if kept is None:
+            raise ValueError("attach first")
+        kept.last_used = time.monotonic()
+        if op == "ping":
+            return asdict(kept.main.ping(float(msg.get("timeout") or 30.0))), kept
+        if op == "call":
+            agent, python = kept.agent_for(msg.get("python"))
+            first = (id(agent), msg["module"]) not in fresh
+            fresh.add((id(agent), msg["module"]))
+            return agent.call(msg["module"], msg.get("params"), python=python, timeout=msg.get("timeout"),
+                              source=(msg["source"], msg["hash"]), fresh=first), kept
+        raise ValueError(f"unknown op {op!r}")
+
+    def _attach(self, msg: dict[str, Any]) -> KeptHost:
+        host, target, interpreters = msg["host"], msg["target"], list(msg["interpreters"])
+        self.persist = max(self.persist, float(msg.get("persist") or 0))
+        key = entry_key(host, target, interpreters)
+        while True:
+            with self.lock:
+                kept = self.hosts.get(key)
+                if kept is None:
+                    kept = self.hosts[key] = KeptHost(host, target_from_doc(target), interpreters)
+                kept.users += 1
+            was_kept = kept.main.info is not None
+            try:
+                kept.main.ping(kept.connector.target.connect_timeout)  # starts it, or checks a kept one
+                return kept
+            except Exception as exc:
+                self._forget(kept)
+                if not was_kept or not isinstance(exc, AgentError | ConnectError):
+                    raise
+                # It went away while kept (host rebooted, sshd restarted): a new connection,
+                # before this command sent any request.
+
+    def _forget(self, kept: KeptHost) -> None:
+        with self.lock:
+            for key, value in list(self.hosts.items()):
+                if value is kept:
+                    del self.hosts[key]
+        kept.close()
+
+    def _list(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self.lock:
+            kept = list(self.hosts.values())
+        return [{
+            "host": k.host, "address": f"{k.connector.target.user}@{k.connector.target.hostname}:"
+                                       f"{k.connector.target.port}",
+            "pythons": [p for p in [k.main.info.python if k.main.info else None,
+                                    *(p for p, a in k.others.items() if a is not None)] if p],
+            "idle_s": round(now - k.last_used, 1), "in_use": k.users > 0,
+        } for k in kept]
+
+
+def main(argv: list[str]) -> int:
+    path, persist = Path(argv[0]), float(argv[1])
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
+    private_dir(path.parent)
+    try:
+        return MuxServer(path, persist).serve()
+    except OSError as exc:
+        log.error("cannot serve on %s: %s", path, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,152 @@
+"""Kept connections (``--persist``) on real lab hosts: reuse, liveness, trust, scope and clean-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_support import run_cli
+from lab_support import LabHandle
+
+from fleetctl.cli.context import AppContext
+from fleetctl.inventory import load_inventory
+from fleetctl.transport import mux
+from fleetctl.transport.fleet import Fleet, RunSettings
+
+pytestmark = pytest.mark.lab
+PERSIST = RunSettings(persist=60)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not _gone(p)]
+
+
+@pytest.fixture
+def mux_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private server for this test; stopped (with every kept connection) at the end."""
+    folder = tmp_path / "mux"
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
+    yield folder
+    mux.stop_server(mux.socket_path(folder))
+
+
+def _agent_pids(inventory: Path, hosts: str = "all", **extra: str) -> dict[str, int]:
+    inv = load_inventory(inventory, dict(extra))
+    with Fleet(inv, inv.select(hosts), PERSIST) as fleet:
+        res = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])
+    assert all(r.ok for r in res.values()), {n: r.reason for n, r in res.items()}
+    return {n: int(r.value) for n, r in res.items() if r.value is not None}
+
+
+def test_agents_are_kept_between_commands_and_stop_ends_them(lab_fleet: LabHandle, mux_dir: Path) -> None:
+    first = _agent_pids(lab_fleet.inventory_path)
+    second = _agent_pids(lab_fleet.inventory_path)
+    assert second == first  # the next command used the same agent on every host
+    assert set(first) == set(lab_fleet.hosts)
+    kept = mux.server_status(mux.socket_path(mux_dir))
+    assert kept is not None and sorted(k["host"] for k in kept) == sorted(lab_fleet.hosts)
+    assert mux.stop_server(mux.socket_path(mux_dir)) == len(lab_fleet.hosts)
+    assert not mux.socket_path(mux_dir).exists()
+    assert _wait_gone(list(first.values())) == [], "an agent outlived its kept connection"
+
+
+def test_cli_persist_ping_list_and_stop(lab_fleet: LabHandle, mux_dir: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    inv = str(lab_fleet.inventory_path)
+    assert run_cli(capsys, "-i", inv, "connections", "list").out.startswith("no persistent-connection server")
+    for _ in range(2):
+        r = run_cli(capsys, "-i", inv, "--persist", "30", "ping", "--json")
+        assert r.rc == 0, r.err
+        assert all(h["status"] == "ok" for h in r.json()["hosts"].values())
+    listed = run_cli(capsys, "-i", inv, "--json", "connections", "list").json()
+    assert listed["running"] and {c["host"] for c in listed["connections"]} == set(lab_fleet.hosts)
+    assert all(c["pythons"] == ["/usr/bin/python3"] and not c["in_use"] for c in listed["connections"])
+    human = run_cli(capsys, "-i", inv, "connections", "list").out
+    assert "lab1" in human and f"{len(lab_fleet.hosts)} kept connection(s)" in human
+    stopped = run_cli(capsys, "-i", inv, "connections", "stop")
+    assert stopped.rc == 0 and f"closed {len(lab_fleet.hosts)} connection(s)" in stopped.out
+    assert run_cli(capsys, "-i", inv, "--json", "connections", "list").json()["running"] is False
+
+
+def test_a_kept_agent_that_died_is_replaced_before_the_command(lab_fleet: LabHandle, mux_dir: Path) -> None:
+    first = _agent_pids(lab_fleet.inventory_path, "lab1")
+    os.kill(first["lab1"], signal.SIGKILL)  # lab hosts share this machine's pid namespace
+    assert _wait_gone([first["lab1"]]) == []
+    again = _agent_pids(lab_fleet.inventory_path, "lab1")
+    assert again["lab1"] != first["lab1"]  # a new connection and agent, and the command succeeded
+
+
+def test_a_changed_known_hosts_opens_a_new_checked_connection(lab_fleet: LabHandle, mux_dir: Path,
+                                                             tmp_path: Path) -> None:
+    first = _agent_pids(lab_fleet.inventory_path, "lab1")
+    # The same host with a known_hosts that does not hold its key: refused, not served by the kept one.
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = load_inventory(lab_fleet.inventory_path, {"fleetctl_known_hosts": str(empty)})
+    with Fleet(inv, inv.select("lab1"), PERSIST) as fleet:
+        res = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"}))
+    assert res["lab1"].status == "unreachable" and "known_hosts" in res["lab1"].reason
+    # Re-pinning the file (same content, new mtime) also means a new connection, checked again.
+    os.utime(lab_fleet.known_hosts, ns=(time.time_ns(), time.time_ns()))
+    assert _agent_pids(lab_fleet.inventory_path, "lab1")["lab1"] != first["lab1"]
+
+
+def test_changes_never_use_kept_connections(lab_fleet: LabHandle, mux_dir: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    app = AppContext(str(lab_fleet.inventory_path), None, 4, False, 0, persist=30)
+    with app.fleet(read_only=False) as fleet:
+        assert fleet.settings.persist == 0
+    with app.fleet(read_only=True) as fleet:
+        assert fleet.settings.persist == 30
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "shell", "true")
+    assert r.rc == 0, r.err
+    assert mux.server_status(mux.socket_path(mux_dir)) is None  # the shell command started no server
+
+
+def test_an_import_probe_sees_a_changed_package_through_a_kept_agent(
+    lab_fleet: LabHandle, mux_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    venv = "/root/persist-venv"
+    lab_fleet.ssh("lab1", f"test -x {venv}/bin/python || python3 -m venv --without-pip {venv}")
+    site = lab_fleet.ssh("lab1", f"{venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'")
+    module = f"{site.stdout.strip()}/persist_demo.py"
+    inv = str(lab_fleet.inventory_path)
+
+    def probe(expect: str) -> int:
+        return run_cli(capsys, "-i", inv, "-l", "lab1", "--persist", "30", "probe", "import",
+                       "persist_demo:NEW_NAME", "--venv", venv, "--expect", expect).rc
+
+    try:
+        lab_fleet.ssh("lab1", f"echo 'OLD_NAME = 1' > {module}")
+        assert probe("absent") == 0
+        lab_fleet.ssh("lab1", f"echo 'NEW_NAME = 2' > {module}")  # a deploy changed the package
+        assert probe("present") == 0  # not the module an earlier command imported
+        listed = mux.server_status(mux.socket_path(mux_dir)) or []
+        assert any(f"{venv}/bin/python" in c["pythons"] for c in listed)  # the venv got an agent of its own
+    finally:
+        lab_fleet.ssh("lab1", f"rm -rf {venv}", check=False)
+
+
+def test_a_socket_folder_others_can_enter_is_refused(lab_fleet: LabHandle, mux_dir: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    mux_dir.mkdir(mode=0o755)
+    mux_dir.chmod(0o755)
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "ping")
+    assert r.rc == 3
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and str(mux_dir) in lines[0] and "0700" in lines[0]
