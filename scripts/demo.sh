@@ -42,6 +42,16 @@ step "Bring lab4 level: overlay sglang from lab1's venv the way an installer wou
   f -l lab1,lab4 venv overlay --from lab1 --venv /root/ml-env
 step "Drift again: no difference left" f drift --venv /root/ml-env --skip unsatisfied --verify-files
 
+say "Kept connections (--persist, like ControlPersist): the same search twice; the second skips connecting"
+export FLEETCTL_MUX_DIR="$PWD/$DEMO/mux"
+TIMEFORMAT='   took %R s'
+for run in "connects, then keeps the connections" "over the kept connections"; do
+  printf '$ fleetctl --persist 60 probe grep DDTree DFLASH --package sglang --subpath srt   # %s\n' "$run"
+  time f --persist 60 probe grep DDTree DFLASH --package sglang --subpath srt --venv /root/ml-env >/dev/null
+done
+step "What is kept" f connections list
+step "Close them now (they also close after 60 s idle)" f connections stop
+
 R=playbooks/releases
 step "The release every host runs today (the one a rollback returns to)" f deploy $R/sglang-0.5.23-lab.yml
 DEPLOY=(run $P/deploy-ddtree.yml -e target=lab -e release_spec=releases/ddtree-sglang-0.5.23-lab.yml)

@@ -150,3 +150,15 @@ def test_a_socket_folder_others_can_enter_is_refused(lab_fleet: LabHandle, mux_d
     assert r.rc == 3
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and str(mux_dir) in lines[0] and "0700" in lines[0]
+
+
+def test_the_server_closes_everything_after_its_idle_time(lab_fleet: LabHandle, mux_dir: Path) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab1"), RunSettings(persist=1)) as fleet:
+        pid = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"})["pid"])["lab1"].value
+    assert pid is not None
+    deadline = time.monotonic() + 15
+    while mux.socket_path(mux_dir).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not mux.socket_path(mux_dir).exists(), "the server outlived its idle time"
+    assert _wait_gone([int(pid)]) == [], "the host's agent outlived the server"

@@ -1,0 +1,75 @@
+"""Kept-connection server pieces that need no lab: keys, errors across the socket, the folder rule."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetctl.errors import AgentError, ConnectError, HostKeyError, InputError, RemoteOperationError
+from fleetctl.transport import mux
+from fleetctl.transport.ssh import SSHTarget
+
+
+def _target(tmp_path: Path, **over: object) -> SSHTarget:
+    known = tmp_path / "known_hosts"
+    known.touch()
+    fields: dict[str, object] = dict(hostname="10.0.0.1", port=22, user="root", key_file=None, known_hosts=known,
+                                     connect_timeout=10.0)
+    fields.update(over)
+    return SSHTarget(**fields)  # type: ignore[arg-type]
+
+
+def test_a_connection_key_changes_with_whatever_decides_the_connection(tmp_path: Path) -> None:
+    doc = mux.target_doc(_target(tmp_path))
+    base = mux.entry_key("gpu1", doc, ["python3"])
+    assert mux.entry_key("gpu1", doc, ["python3"]) == base
+    assert mux.entry_key("gpu2", doc, ["python3"]) != base
+    assert mux.entry_key("gpu1", {**doc, "port": 2222}, ["python3"]) != base
+    assert mux.entry_key("gpu1", doc, ["/opt/venv/bin/python", "python3"]) != base
+    known = Path(doc["known_hosts"])
+    known.write_text("10.0.0.1 ssh-ed25519 AAAA\n")  # re-pinned or revoked: a new, checked connection
+    assert mux.entry_key("gpu1", doc, ["python3"]) != base
+
+
+def test_a_target_travels_intact_with_its_bastion(tmp_path: Path) -> None:
+    jump = _target(tmp_path, hostname="bastion", port=2200, user="ops")
+    target = _target(tmp_path, key_file="/root/.ssh/id_ed25519", jump=jump)
+    assert mux.target_from_doc(mux.target_doc(target)) == target
+
+
+@pytest.mark.parametrize("exc", [
+    ConnectError("gpu1", "cannot connect to 10.0.0.1:22: Connection refused"),
+    HostKeyError("gpu1", "host key for 10.0.0.1 changed"),
+    AgentError("gpu1", "agent died"),
+    RemoteOperationError("gpu1", "source", "FileNotFoundError", "no sglang", "Traceback ..."),
+])
+def test_errors_cross_the_socket_as_the_same_class(exc: Exception) -> None:
+    with pytest.raises(type(exc)) as got:
+        mux.raise_payload("gpu1", mux.error_payload(exc))
+    assert type(got.value) is type(exc)
+    assert str(got.value) == str(exc)
+    if isinstance(exc, RemoteOperationError):
+        assert isinstance(got.value, RemoteOperationError)
+        assert got.value.etype == exc.etype and got.value.remote_traceback == exc.remote_traceback
+
+
+def test_the_socket_folder_must_be_private_and_ours(tmp_path: Path) -> None:
+    good = mux.private_dir(tmp_path / "a" / "mux")
+    assert (os.stat(good).st_mode & 0o777) == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    with pytest.raises(InputError, match="0700"):
+        mux.private_dir(open_dir)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(InputError, match="owned by this user"):
+        mux.private_dir(link)
+
+
+def test_no_server_means_nothing_to_list_or_stop(tmp_path: Path) -> None:
+    path = mux.socket_path(tmp_path)
+    assert mux.server_status(path) is None
+    assert mux.stop_server(path) is None
