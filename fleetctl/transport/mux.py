@@ -527,7 +527,7 @@ class MuxServer:
     def _list(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         with self.lock:
-            kept = list(self.hosts.values())
+            kept = sorted(self.hosts.values(), key=lambda k: k.host)
         return [{
             "host": k.host, "address": f"{k.connector.target.user}@{k.connector.target.hostname}:"
                                        f"{k.connector.target.port}",
