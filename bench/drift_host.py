@@ -96,7 +96,7 @@ def main() -> int:
              f"{checked} hashed RECORD files, {opts.runs} runs each, alternating)", "", f"Command: `{command}`", "",
              "| module | measure | first run median s | min | second run median s | min | first / second |",
              "|---|---|---:|---:|---:|---:|---:|"]
-    for key, module in modules.items():
+    for key in modules:
         for measure, name in (("check_s", "file check (the answer's files.seconds)"),
                               ("main_s", "import + main() + JSON answer"),
                               ("wall_s", "whole process (interpreter start to exit)")):

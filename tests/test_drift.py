@@ -137,6 +137,91 @@ def test_release_patched_file_is_reported_as_patched(venv: Path, tmp_path: Path)
     assert [(p["path"], p["release"]) for p in files["patched"]] == [(f"{SITE}/requests/sessions.py", "ddtree-1")]
 
 
+def _cache_file(cache: Path) -> Path:
+    (found,) = cache.glob("hashes-*.json")
+    return found
+
+
+def test_hash_cache_is_private_and_not_rewritten_when_nothing_changed(clean_venv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    collect_local(clean_venv, cache)
+    path = _cache_file(cache)
+    assert cache.stat().st_mode & 0o777 == 0o700 and path.stat().st_mode & 0o777 == 0o600
+    before = path.stat()
+    files = collect_local(clean_venv, cache)["files"]
+    assert files["cache_misses"] == 0 and files["cache_error"] is None and files["cache_ignored"] is None
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not written again
+    assert list(cache.iterdir()) == [path]  # no temp file left behind
+
+
+def test_rewrite_that_restores_the_old_mtime_is_still_found(venv: Path, tmp_path: Path) -> None:
+    import os
+
+    cache = tmp_path / "cache"
+    collect_local(venv, cache)
+    target = venv / SITE / "requests/api.py"
+    st = target.stat()
+    data = target.read_bytes()
+    with open(target, "r+b") as handle:  # same inode, same size, other bytes
+        handle.write(b"#" if data[:1] != b"#" else b"_")
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # the old mtime put back: only ctime tells
+    assert (target.stat().st_size, target.stat().st_mtime_ns, target.stat().st_ino) == (
+        st.st_size, st.st_mtime_ns, st.st_ino)
+    files = collect_local(venv, cache)["files"]
+    assert files["modified"] == [{"dist": "requests", "path": f"{SITE}/requests/api.py"}]
+    assert files["cache_misses"] == 1
+
+
+def test_orphan_added_and_removed_under_a_warm_cache(venv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    collect_local(venv, cache)
+    stray = venv / SITE / "idna/deep"
+    stray.mkdir()
+    (stray / "left.py").write_text("x = 1\n")
+    assert collect_local(venv, cache)["files"]["orphans"] == [{"dist": "idna", "path": f"{SITE}/idna/deep/left.py"}]
+    (stray / "left.py").unlink()
+    files = collect_local(venv, cache)["files"]
+    assert files["orphans"] == [] and files["cache_misses"] == 0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong types", "other venv", "readable by others"])
+def test_corrupt_or_foreign_hash_cache_is_ignored(clean_venv: Path, tmp_path: Path, damage: str) -> None:
+    import hashlib
+
+    cache = tmp_path / "cache"
+    first = collect_local(clean_venv, cache)["files"]
+    path = _cache_file(cache)
+    text = path.read_text()
+    head, body = text.split("\n", 1)
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "wrong types":
+        doc = json.loads(head)
+        for snap in doc["snapshots"].values():
+            snap["pin"] = "x"  # no snapshot holds: the per-file entries are read, and are wrong
+        entries = json.loads(body)
+        entries["files"] = {k: [v[0], v[1], v[2], v[3], 12345] for k, v in entries["files"].items()}
+        body = json.dumps(entries)
+        doc["body_sha256"] = hashlib.sha256(body.encode()).hexdigest()  # intact, but not what HashCache writes
+        path.write_text(json.dumps(doc) + "\n" + body)
+    elif damage == "other venv":
+        doc = json.loads(head)
+        doc["key"] = "/somewhere/else"
+        path.write_text(json.dumps(doc) + "\n" + body)
+    else:
+        path.chmod(0o644)
+    files = collect_local(clean_venv, cache)["files"]
+    assert files["cache_ignored"]
+    assert files["cache_hits"] == 0 and files["cache_misses"] == first["cache_misses"]  # all hashed again
+    assert [files[k] for k in ("modified", "missing", "orphans", "foreign_shebangs")] == [[], [], [], []]
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = collect_local(clean_venv, cache)["files"]  # the rewritten cache is good again
+    assert again["cache_ignored"] is None and again["cache_misses"] == 0
+
+
 # --- pure analysis ---------------------------------------------------------------------------
 
 def _inv(host: str, versions: dict[str, str], requires: dict[str, tuple[str, ...]] | None = None,

@@ -259,8 +259,8 @@ class HashCache(object):
     file (folder) included. A run whose pin is the same reuses the outcome: the per-file rule,
     applied to all files at once, without loading the per-file entries at all.
 
-    One file per venv: a first line of JSON (the snapshots), a second (files, dirs) parsed only when
-    some snapshot does not hold. Private to this user (0600 in a 0700 folder), replaced atomically
+    One file per venv: a first line of JSON (the snapshots and the sha256 of the rest), a second
+    (files, dirs) parsed only when some snapshot does not hold. Private to this user (0600 in a 0700 folder), replaced atomically
     and only when this run learnt something; entries of files no RECORD lists any more are dropped.
     A file that is not this user's, not private, not valid, or made for another venv is ignored."""
 
@@ -304,6 +304,8 @@ class HashCache(object):
         if (type(doc) is not dict or doc.get("schema") != CACHE_SCHEMA or doc.get("key") != self.key
                 or type(doc.get("snapshots")) is not dict):
             return "not a hash cache of this venv"
+        if doc.get("body_sha256") != hashlib.sha256(body).hexdigest():
+            return "damaged (its entries do not match their checksum)"
         self.snapshots, self.body = doc["snapshots"], body
         return None
 
@@ -316,9 +318,8 @@ class HashCache(object):
             found = valid_entries(json.loads(body.decode("utf-8")))
         except ValueError:
             found = None
-        if found is None:  # a broken second line: trust none of the file
-            self.snapshots = {}
-            self.ignored = "not valid entries"
+        if found is None:  # a broken second line: none of its entries is used, and the next save mends it
+            self.ignored = "entries not valid"
             self.changed = True
             return
         self.files, self.dirs = found
@@ -396,9 +397,10 @@ class HashCache(object):
         files = {k: v for k, v in self.files.items() if k in listed}
         dirs = self.used_dirs if self.walked else self.dirs
         snapshots = {k: v for k, v in self.snapshots.items() if k in self.used_snapshots}
-        head = json.dumps({"schema": CACHE_SCHEMA, "key": self.key, "snapshots": snapshots}, separators=(",", ":"))
-        body = json.dumps({"files": files, "dirs": dirs}, separators=(",", ":"))
-        data = (head + "\n" + body).encode("utf-8")
+        body = json.dumps({"files": files, "dirs": dirs}, separators=(",", ":")).encode("utf-8")
+        head = json.dumps({"schema": CACHE_SCHEMA, "key": self.key, "body_sha256": hashlib.sha256(body).hexdigest(),
+                           "snapshots": snapshots}, separators=(",", ":"))
+        data = head.encode("utf-8") + b"\n" + body
         folder, tmp = os.path.dirname(self.path), None
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
