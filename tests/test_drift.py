@@ -193,7 +193,13 @@ def test_corrupt_or_foreign_hash_cache_is_ignored(clean_venv: Path, tmp_path: Pa
     first = collect_local(clean_venv, cache)["files"]
     path = _cache_file(cache)
     text = path.read_text()
-    head, body = text.split("\n", 1)
+    _check, head, body = text.split("\n", 2)  # sha256 of the head; the head (snapshots); the entries
+
+    def write(doc: dict, body: str) -> None:  # intact checksums: only the checks on the contents can refuse it
+        doc["body_sha256"] = hashlib.sha256(body.encode()).hexdigest()
+        head = json.dumps(doc)
+        path.write_text(hashlib.sha256(head.encode()).hexdigest() + "\n" + head + "\n" + body)
+
     if damage == "garbage":
         path.write_bytes(b"\x00\xff not json")
     elif damage == "truncated":
@@ -201,16 +207,14 @@ def test_corrupt_or_foreign_hash_cache_is_ignored(clean_venv: Path, tmp_path: Pa
     elif damage == "wrong types":
         doc = json.loads(head)
         for snap in doc["snapshots"].values():
-            snap["pin"] = "x"  # no snapshot holds: the per-file entries are read, and are wrong
+            snap["pin"] = "x"  # no snapshot holds: the per-file entries are read, and are not what is written
         entries = json.loads(body)
         entries["files"] = {k: [v[0], v[1], v[2], v[3], 12345] for k, v in entries["files"].items()}
-        body = json.dumps(entries)
-        doc["body_sha256"] = hashlib.sha256(body.encode()).hexdigest()  # intact, but not what HashCache writes
-        path.write_text(json.dumps(doc) + "\n" + body)
+        write(doc, json.dumps(entries))
     elif damage == "other venv":
         doc = json.loads(head)
         doc["key"] = "/somewhere/else"
-        path.write_text(json.dumps(doc) + "\n" + body)
+        write(doc, body)
     else:
         path.chmod(0o644)
     files = collect_local(clean_venv, cache)["files"]

@@ -15,6 +15,7 @@ import base64
 import errno
 import hashlib
 import json
+import marshal
 import os
 import platform
 import re
@@ -238,9 +239,12 @@ def b64(digest):
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def pin(*parts):
-    """One sha256 over ``parts`` (their repr): equal pins mean equal parts."""
-    return hashlib.sha256(repr(parts).encode("utf-8")).hexdigest()
+def pin(stamps, *parts):
+    """One sha256 over a list of stat numbers (None for a missing file) and ``parts``: equal pins
+    mean equal stamps and parts. marshal writes the long list fast (version 2: no back-references,
+    which depend on reference counts); another Python may write it otherwise, which only makes a
+    pin not hold once."""
+    return hashlib.sha256(marshal.dumps(stamps, 2) + repr(parts).encode("utf-8")).hexdigest()  # 2: no refs
 
 
 class HashCache(object):
@@ -259,8 +263,8 @@ class HashCache(object):
     file (folder) included. A run whose pin is the same reuses the outcome: the per-file rule,
     applied to all files at once, without loading the per-file entries at all.
 
-    One file per venv: a first line of JSON (the snapshots and the sha256 of the rest), a second
-    (files, dirs) parsed only when some snapshot does not hold. Private to this user (0600 in a 0700 folder), replaced atomically
+    One file per venv, three lines: the sha256 of the second; JSON of the snapshots and the sha256 of
+    the third; JSON of files and dirs, parsed only when some snapshot does not hold. Private to this user (0600 in a 0700 folder), replaced atomically
     and only when this run learnt something; entries of files no RECORD lists any more are dropped.
     A file that is not this user's, not private, not valid, or made for another venv is ignored."""
 
@@ -272,7 +276,7 @@ class HashCache(object):
         self.snapshots = {}  # name -> {"pin": str, "out": ...}; what the file held, then what this run found
         self.used_snapshots = set()
         self.files, self.dirs = {}, {}  # what the file held, plus what this run learnt
-        self.body = None  # the file's second line until it is needed
+        self.body = None  # the file's entries (third line) until they are needed
         self.used_files, self.used_dirs = {}, {}
         self.walked = False  # the orphan walk ran: the folders it did not list are gone
         self.changed = False
@@ -296,21 +300,24 @@ class HashCache(object):
             if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
                 return "not a private file of this user"
             data = handle.read()
-        head, _, body = data.partition(b"\n")
+        check, _, rest = data.partition(b"\n")
+        head, _, body = rest.partition(b"\n")
+        if check != hashlib.sha256(head).hexdigest().encode():
+            return "damaged (its first line is not the checksum of its second)"
         try:
             doc = json.loads(head.decode("utf-8"))
         except ValueError:
             return "not valid JSON"
         if (type(doc) is not dict or doc.get("schema") != CACHE_SCHEMA or doc.get("key") != self.key
-                or type(doc.get("snapshots")) is not dict):
+                or type(doc.get("snapshots")) is not dict or type(doc.get("body_sha256")) is not str):
             return "not a hash cache of this venv"
-        if doc.get("body_sha256") != hashlib.sha256(body).hexdigest():
-            return "damaged (its entries do not match their checksum)"
+        if hashlib.sha256(body).hexdigest() != doc["body_sha256"]:  # any damage: none of the file is used
+            return "damaged (its entries are not those its checksum names)"
         self.snapshots, self.body = doc["snapshots"], body
         return None
 
     def entries(self):
-        """Parse the per-file and per-folder entries, once, when a snapshot did not hold."""
+        """Check and parse the per-file and per-folder entries, once, when a snapshot did not hold."""
         if self.body is None:
             return
         body, self.body = self.body, None
@@ -318,7 +325,7 @@ class HashCache(object):
             found = valid_entries(json.loads(body.decode("utf-8")))
         except ValueError:
             found = None
-        if found is None:  # a broken second line: none of its entries is used, and the next save mends it
+        if found is None:  # not what HashCache writes: none of its entries is used, the next save mends it
             self.ignored = "entries not valid"
             self.changed = True
             return
@@ -399,8 +406,8 @@ class HashCache(object):
         snapshots = {k: v for k, v in self.snapshots.items() if k in self.used_snapshots}
         body = json.dumps({"files": files, "dirs": dirs}, separators=(",", ":")).encode("utf-8")
         head = json.dumps({"schema": CACHE_SCHEMA, "key": self.key, "body_sha256": hashlib.sha256(body).hexdigest(),
-                           "snapshots": snapshots}, separators=(",", ":"))
-        data = head.encode("utf-8") + b"\n" + body
+                           "snapshots": snapshots}, separators=(",", ":")).encode("utf-8")
+        data = hashlib.sha256(head).hexdigest().encode() + b"\n" + head + b"\n" + body
         folder, tmp = os.path.dirname(self.path), None
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -500,7 +507,7 @@ def verify_dist(dist, prefix, cache, patched, context, out):
         if outside:
             out["foreign_shebangs"].append(dict(where(path), interpreter=outside))
     name = "dist:%s/%s" % (cache.rel(site), dist["dist_info"])
-    value = pin(context, site, dist["name"], dist["dist_info"], dist["_record_sha256"], stamps)
+    value = pin(stamps, context, site, dist["name"], dist["dist_info"], dist["_record_sha256"])
     known = cache.snapshot(name, value)
     if valid_outcome(known):
         for key in DIST_OUTCOME:
@@ -635,7 +642,7 @@ def find_orphans(dists, shadowed, prefix, cache):
         stamps = []
         for st in folder_stats(tops, known["folders"], cache):
             stamps.extend((st.st_ino, st.st_mtime_ns, st.st_ctime_ns) if st else (None,))
-        value = pin(prefix, owners_pin, sorted(shadowed), known["folders"], stamps)
+        value = pin(stamps, prefix, owners_pin, sorted(shadowed), known["folders"])
         if cache.snapshot("orphans", value) is not None:
             return known["orphans"]
     owners = record_owners(dists)
@@ -655,7 +662,7 @@ def find_orphans(dists, shadowed, prefix, cache):
     stamps = []
     for st in [st for _folder, st, _dist in tops] + [st for _path, st in below]:
         stamps.extend((st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
-    cache.keep_snapshot("orphans", pin(prefix, owners_pin, sorted(shadowed), folders, stamps),
+    cache.keep_snapshot("orphans", pin(stamps, prefix, owners_pin, sorted(shadowed), folders),
                         {"folders": folders, "orphans": orphans})
     return orphans
 
