@@ -482,15 +482,10 @@ def verify_dist(dist, prefix, cache, patched, context, out):
     """One distribution's RECORD against the disk. The loop runs for every file of every package
     on every audit, so it stays lean: one os.stat per file, and when the stats pin the outcome of
     an earlier run (the snapshot), nothing else."""
-    site, bindir, normpath, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.path.normpath, os.stat
-    rows, stamps, scripts = [], [], []
-    add, stamp = rows.append, stamps.extend
-    for rel, digest, _size in dist["_record"]:
-        path = site + "/" + rel
-        if "/." in path or "//" in path:  # only rows like ../../bin/x need the slow normalisation
-            path = normpath(path)
-        if path.endswith(".pyc") or "/__pycache__/" in path:
-            continue
+    site, bindir, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.stat
+    sts, stamps, scripts = [], [], []
+    keep, stamp = sts.append, stamps.extend
+    for path, _digest in record_files(dist):
         try:
             st = stat(path)
         except OSError:
@@ -500,7 +495,7 @@ def verify_dist(dist, prefix, cache, patched, context, out):
             stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
             if path.startswith(bindir):
                 scripts.append(path)
-        add((path, digest, st))
+        keep(st)
     where = lambda path: {"dist": dist["name"], "path": under(path, prefix)}  # noqa: E731 - only for findings
     for path in scripts:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
         outside = foreign_interpreter(path, prefix)
@@ -519,7 +514,7 @@ def verify_dist(dist, prefix, cache, patched, context, out):
     before = cache.hits + cache.misses
     found = {key: [] for key in DIST_OUTCOME}
     matched = checked = 0
-    for path, digest, st in rows:
+    for (path, digest), st in zip(record_files(dist), sts):
         if st is None:
             found["missing"].append(where(path))
             continue
@@ -543,6 +538,17 @@ def verify_dist(dist, prefix, cache, patched, context, out):
     dist["_matched"] = matched
     cache.keep_snapshot(name, value, dict(found, checked=checked, matched=matched,
                                           lookups=cache.hits + cache.misses - before))
+
+
+def record_files(dist):
+    """(path, 'algo=digest' or '') of each RECORD row of ``dist`` but compiled files."""
+    site, normpath = dist["site"], os.path.normpath
+    for rel, digest, _size in dist["_record"]:
+        path = site + "/" + rel
+        if "/." in path or "//" in path:  # only rows like ../../bin/x need the slow normalisation
+            path = normpath(path)
+        if not (path.endswith(".pyc") or "/__pycache__/" in path):
+            yield path, digest
 
 
 def valid_outcome(known):
