@@ -226,6 +226,21 @@ def test_corrupt_or_foreign_hash_cache_is_ignored(clean_venv: Path, tmp_path: Pa
     assert again["cache_ignored"] is None and again["cache_misses"] == 0
 
 
+def test_record_rows_are_what_csv_reads() -> None:
+    """RECORD parsing splits unquoted lines itself: the rows stay those csv.reader gives."""
+    import csv
+
+    from fleetctl.remote import distributions  # type: ignore[attr-defined]
+
+    texts = ["a.py,sha256=x,12\nb/c.py,,\n", '"w=16,H=7168.json",sha256=y,3\nplain,sha256=z,4\n',
+             'x"y,z,1\n"a""b",c,2\n"a"b,c,3\n', '"a,\nb",sha256=q,5\nnext,sha256=r,6\n', "\n,\n,,\nonly\n",
+             "crlf.py,sha256=s,7\r\nlast,sha256=t,8"]
+    for text in texts:
+        want = [(r[0], r[1] if len(r) > 1 else "", int(r[2]) if len(r) > 2 and r[2].isdigit() else None)
+                for r in csv.reader(text.splitlines()) if r and r[0]]
+        assert distributions.parse_record(text) == want, text
+
+
 # --- pure analysis ---------------------------------------------------------------------------
 
 def _inv(host: str, versions: dict[str, str], requires: dict[str, tuple[str, ...]] | None = None,
