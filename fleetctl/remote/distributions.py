@@ -496,17 +496,29 @@ def verify_dist(dist, prefix, cache, patched, context, out):
     site, bindir, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.stat
     sts, stamps, scripts = [], [], []
     keep, stamp = sts.append, stamps.extend
-    for path, _digest in record_files(dist):
-        try:
-            st = stat(path)
-        except OSError:
-            st = None
-            stamps.append(None)
-        else:
-            stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-            if path.startswith(bindir):
-                scripts.append(path)
-        keep(st)
+    try:  # stat relative to the site folder: the kernel walks 3 path parts, not 9
+        site_fd = os.open(site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if stat in os.supports_dir_fd else None
+    except OSError:
+        site_fd = None
+    cut = len(site) + 1
+    try:
+        for path, _digest in record_files(dist):
+            try:
+                if site_fd is not None and path[cut - 1:cut] == "/" and path.startswith(site):
+                    st = stat(path[cut:], dir_fd=site_fd)
+                else:
+                    st = stat(path)
+            except OSError:
+                st = None
+                stamps.append(None)
+            else:
+                stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+                if path.startswith(bindir):
+                    scripts.append(path)
+            keep(st)
+    finally:
+        if site_fd is not None:
+            os.close(site_fd)
     where = lambda path: {"dist": dist["name"], "path": under(path, prefix)}  # noqa: E731 - only for findings
     for path in scripts:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
         outside = foreign_interpreter(path, prefix)
