@@ -275,9 +275,10 @@ class HashCache(object):
     applied to all files at once, without loading the per-file entries at all.
 
     One file per venv, three lines: the sha256 of the second; JSON of the snapshots and the sha256 of
-    the third; JSON of files and dirs, parsed only when some snapshot does not hold. Private to this user (0600 in a 0700 folder), replaced atomically
-    and only when this run learnt something; entries of files no RECORD lists any more are dropped.
-    A file that is not this user's, not private, not valid, or made for another venv is ignored."""
+    the third; JSON of files and dirs, parsed only when some snapshot does not hold. Private to this
+    user (0600 in a 0700 folder), replaced atomically and only when this run learnt something;
+    entries of files no RECORD lists any more are dropped. A file that is not this user's, not
+    private, damaged (either checksum), not valid, or made for another venv is ignored whole."""
 
     def __init__(self, cache_dir, key):
         self.key = key
