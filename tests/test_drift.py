@@ -137,6 +137,110 @@ def test_release_patched_file_is_reported_as_patched(venv: Path, tmp_path: Path)
     assert [(p["path"], p["release"]) for p in files["patched"]] == [(f"{SITE}/requests/sessions.py", "ddtree-1")]
 
 
+def _cache_file(cache: Path) -> Path:
+    (found,) = cache.glob("hashes-*.json")
+    return found
+
+
+def test_hash_cache_is_private_and_not_rewritten_when_nothing_changed(clean_venv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    collect_local(clean_venv, cache)
+    path = _cache_file(cache)
+    assert cache.stat().st_mode & 0o777 == 0o700 and path.stat().st_mode & 0o777 == 0o600
+    before = path.stat()
+    files = collect_local(clean_venv, cache)["files"]
+    assert files["cache_misses"] == 0 and files["cache_error"] is None and files["cache_ignored"] is None
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not written again
+    assert list(cache.iterdir()) == [path]  # no temp file left behind
+
+
+def test_rewrite_that_restores_the_old_mtime_is_still_found(venv: Path, tmp_path: Path) -> None:
+    import os
+
+    cache = tmp_path / "cache"
+    collect_local(venv, cache)
+    target = venv / SITE / "requests/api.py"
+    st = target.stat()
+    data = target.read_bytes()
+    with open(target, "r+b") as handle:  # same inode, same size, other bytes
+        handle.write(b"#" if data[:1] != b"#" else b"_")
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # the old mtime put back: only ctime tells
+    assert (target.stat().st_size, target.stat().st_mtime_ns, target.stat().st_ino) == (
+        st.st_size, st.st_mtime_ns, st.st_ino)
+    files = collect_local(venv, cache)["files"]
+    assert files["modified"] == [{"dist": "requests", "path": f"{SITE}/requests/api.py"}]
+    assert files["cache_misses"] == 1
+
+
+def test_orphan_added_and_removed_under_a_warm_cache(venv: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    collect_local(venv, cache)
+    stray = venv / SITE / "idna/deep"
+    stray.mkdir()
+    (stray / "left.py").write_text("x = 1\n")
+    assert collect_local(venv, cache)["files"]["orphans"] == [{"dist": "idna", "path": f"{SITE}/idna/deep/left.py"}]
+    (stray / "left.py").unlink()
+    files = collect_local(venv, cache)["files"]
+    assert files["orphans"] == [] and files["cache_misses"] == 0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong types", "other venv", "readable by others"])
+def test_corrupt_or_foreign_hash_cache_is_ignored(clean_venv: Path, tmp_path: Path, damage: str) -> None:
+    import hashlib
+
+    cache = tmp_path / "cache"
+    first = collect_local(clean_venv, cache)["files"]
+    path = _cache_file(cache)
+    text = path.read_text()
+    _check, head, body = text.split("\n", 2)  # sha256 of the head; the head (snapshots); the entries
+
+    def write(doc: dict, body: str) -> None:  # intact checksums: only the checks on the contents can refuse it
+        doc["body_sha256"] = hashlib.sha256(body.encode()).hexdigest()
+        head = json.dumps(doc)
+        path.write_text(hashlib.sha256(head.encode()).hexdigest() + "\n" + head + "\n" + body)
+
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "wrong types":
+        doc = json.loads(head)
+        for snap in doc["snapshots"].values():
+            snap["pin"] = "x"  # no snapshot holds: the per-file entries are read, and are not what is written
+        entries = json.loads(body)
+        entries["files"] = {k: [v[0], v[1], v[2], v[3], 12345] for k, v in entries["files"].items()}
+        write(doc, json.dumps(entries))
+    elif damage == "other venv":
+        doc = json.loads(head)
+        doc["key"] = "/somewhere/else"
+        write(doc, body)
+    else:
+        path.chmod(0o644)
+    files = collect_local(clean_venv, cache)["files"]
+    assert files["cache_ignored"]
+    assert files["cache_hits"] == 0 and files["cache_misses"] == first["cache_misses"]  # all hashed again
+    assert [files[k] for k in ("modified", "missing", "orphans", "foreign_shebangs")] == [[], [], [], []]
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = collect_local(clean_venv, cache)["files"]  # the rewritten cache is good again
+    assert again["cache_ignored"] is None and again["cache_misses"] == 0
+
+
+def test_record_rows_are_what_csv_reads() -> None:
+    """RECORD parsing splits unquoted lines itself: the rows stay those csv.reader gives."""
+    import csv
+
+    from fleetctl.remote import distributions  # type: ignore[attr-defined]
+
+    texts = ["a.py,sha256=x,12\nb/c.py,,\n", '"w=16,H=7168.json",sha256=y,3\nplain,sha256=z,4\n',
+             'x"y,z,1\n"a""b",c,2\n"a"b,c,3\n', '"a,\nb",sha256=q,5\nnext,sha256=r,6\n', "\n,\n,,\nonly\n",
+             "crlf.py,sha256=s,7\r\nlast,sha256=t,8"]
+    for text in texts:
+        want = [(r[0], r[1] if len(r) > 1 else "", int(r[2]) if len(r) > 2 and r[2].isdigit() else None)
+                for r in csv.reader(text.splitlines()) if r and r[0]]
+        assert distributions.parse_record(text) == want, text
+
+
 # --- pure analysis ---------------------------------------------------------------------------
 
 def _inv(host: str, versions: dict[str, str], requires: dict[str, tuple[str, ...]] | None = None,

@@ -12,14 +12,17 @@ params:
 """
 
 import base64
+import errno
 import hashlib
 import json
+import marshal
 import os
 import platform
 import re
 import sys
 import sysconfig
 import time
+from stat import S_ISDIR, S_ISREG
 
 SKIP_DIRS = ("__pycache__",)
 NORMALIZE = re.compile(r"[-_.]+")
@@ -56,6 +59,7 @@ def main(params):
         answer["files"] = verify(dists, params)
     for dist in dists:
         dist.pop("_record", None)
+        dist.pop("_record_sha256", None)
     return answer
 
 
@@ -115,7 +119,8 @@ def read_dist(site, entry):
     if name is None:  # a dist-info without METADATA: keep what its folder name says
         stem = entry[: -len(".dist-info")]
         name, _, version = stem.partition("-")
-    record = read_record(site, folder)
+    record_text = read_text(os.path.join(folder, "RECORD"))
+    record = parse_record(record_text)
     direct = read_text(os.path.join(folder, "direct_url.json"))
     installer = (read_text(os.path.join(folder, "INSTALLER")) or "").strip() or None
     return {
@@ -130,6 +135,7 @@ def read_dist(site, entry):
         "top_level": top_level(folder, record),
         "record_files": len(record),
         "_record": record,
+        "_record_sha256": hashlib.sha256((record_text or "").encode("utf-8")).hexdigest(),
     }
 
 
@@ -152,20 +158,35 @@ def describe_direct_url(text):
     return {"kind": "url", "url": url}
 
 
-def read_record(site, folder):
+def parse_record(text):
     """RECORD rows as (path relative to site, 'algo=digest' or '', size or None)."""
-    import csv
-
-    text = read_text(os.path.join(folder, "RECORD"))
+    lines = (text or "").splitlines()
     rows = []
-    for row in csv.reader((text or "").splitlines()):
+    for row in split_record_lines(lines):
         if not row or not row[0]:
             continue
-        path = row[0]
-        digest = row[1] if len(row) > 1 else ""
-        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
-        rows.append((path, digest, size))
+        n = len(row)
+        size = row[2] if n > 2 else ""
+        rows.append((row[0], row[1] if n > 1 else "", int(size) if size.isdigit() else None))
     return rows
+
+
+def split_record_lines(lines):
+    """What csv.reader(lines) gives, faster: a line without a quote is what str.split(",") makes
+    of it, a quoted one goes through csv alone, unless a quoted field runs on past its line (then
+    the whole text goes through csv, as a field may hold a line break)."""
+    import csv
+
+    out = []
+    for line in lines:
+        if '"' not in line:
+            out.append(line.split(","))
+            continue
+        row = next(csv.reader([line + "\n"]), [])
+        if any("\n" in field for field in row):  # the line ended inside quotes
+            return list(csv.reader(lines))
+        out.append(row)
+    return out
 
 
 def top_level(folder, record):
@@ -214,6 +235,9 @@ def torch_cuda(dists):
 
 # --- file verification ----------------------------------------------------------------------
 
+CACHE_SCHEMA = "fleetctl-drift-hashes/2"
+
+
 def file_digest(path, algo):
     h = hashlib.new(algo)
     with open(path, "rb") as handle:
@@ -226,53 +250,222 @@ def b64(digest):
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+def pin(stamps, *parts):
+    """One sha256 over a list of stat numbers (None for a missing file) and ``parts``: equal pins
+    mean equal stamps and parts. marshal writes the long list fast (version 2: no back-references,
+    which depend on reference counts); another Python may write it otherwise, which only makes a
+    pin not hold once."""
+    return hashlib.sha256(marshal.dumps(stamps, 2) + repr(parts).encode("utf-8")).hexdigest()  # 2: no refs
+
+
 class HashCache(object):
-    """sha256 of files keyed by (path, size, mtime, inode): an unchanged file is hashed once."""
+    """What earlier runs learnt about this venv's files, so that a run where nothing changed only
+    stats them: no file is read, no folder listed.
+
+    files: path -> [size, mtime_ns, inode, ctime_ns, sha256 as RECORD writes it]
+    dirs:  folder -> [inode, mtime_ns, ctime_ns, file names but *.pyc, sub-folders but __pycache__]
+    (paths relative to the venv). A file's hash is reused only while its size, mtime_ns, inode and
+    ctime_ns are all those it had when hashed: ctime catches a rewrite that put the old mtime back,
+    and no one can set it by hand. A folder's listing is reused only while its inode, mtime_ns and
+    ctime_ns are unchanged: adding, removing or renaming an entry updates them.
+
+    snapshots: the outcome of checking one distribution (or of the orphan walk), under a pin: a
+    sha256 over everything the outcome depends on, the (size, mtime_ns, inode, ctime_ns) of every
+    file (folder) included. A run whose pin is the same reuses the outcome: the per-file rule,
+    applied to all files at once, without loading the per-file entries at all.
+
+    One file per venv, three lines: the sha256 of the second; JSON of the snapshots and the sha256 of
+    the third; JSON of files and dirs, parsed only when some snapshot does not hold. Private to this
+    user (0600 in a 0700 folder), replaced atomically and only when this run learnt something;
+    entries of files no RECORD lists any more are dropped. A file that is not this user's, not
+    private, damaged (either checksum), not valid, or made for another venv is ignored whole."""
 
     def __init__(self, cache_dir, key):
+        self.key = key
+        self.root = key.rstrip("/") + "/"
+        self.cut = len(self.root)
         self.path = None
-        self.entries = {}
-        self.dirty = False
+        self.snapshots = {}  # name -> {"pin": str, "out": ...}; what the file held, then what this run found
+        self.used_snapshots = set()
+        self.files, self.dirs = {}, {}  # what the file held, plus what this run learnt
+        self.body = None  # the file's entries (third line) until they are needed
+        self.used_files, self.used_dirs = {}, {}
+        self.walked = False  # the orphan walk ran: the folders it did not list are gone
+        self.changed = False
         self.hits = 0
         self.misses = 0
+        self.ignored = None  # why a cache file there was not used
         if cache_dir:
             self.path = os.path.join(cache_dir, "hashes-%s.json" % hashlib.sha256(key.encode()).hexdigest()[:16])
-            data = read_text(self.path)
-            try:
-                self.entries = json.loads(data) if data else {}
-            except ValueError:
-                self.entries = {}
+            self.ignored = self.load()
+
+    def rel(self, path):
+        return path[self.cut:] if path.startswith(self.root) else path
+
+    def load(self):
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            return None if exc.errno == errno.ENOENT else "unreadable: %s" % exc
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(handle.fileno())
+            if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                return "not a private file of this user"
+            data = handle.read()
+        check, _, rest = data.partition(b"\n")
+        head, _, body = rest.partition(b"\n")
+        if check != hashlib.sha256(head).hexdigest().encode():
+            return "damaged (its first line is not the checksum of its second)"
+        try:
+            doc = json.loads(head.decode("utf-8"))
+        except ValueError:
+            return "not valid JSON"
+        if (type(doc) is not dict or doc.get("schema") != CACHE_SCHEMA or doc.get("key") != self.key
+                or type(doc.get("snapshots")) is not dict or type(doc.get("body_sha256")) is not str):
+            return "not a hash cache of this venv"
+        if hashlib.sha256(body).hexdigest() != doc["body_sha256"]:  # any damage: none of the file is used
+            return "damaged (its entries are not those its checksum names)"
+        self.snapshots, self.body = doc["snapshots"], body
+        return None
+
+    def entries(self):
+        """Check and parse the per-file and per-folder entries, once, when a snapshot did not hold."""
+        if self.body is None:
+            return
+        body, self.body = self.body, None
+        try:
+            found = valid_entries(json.loads(body.decode("utf-8")))
+        except ValueError:
+            found = None
+        if found is None:  # not what HashCache writes: none of its entries is used, the next save mends it
+            self.ignored = "entries not valid"
+            self.changed = True
+            return
+        self.files, self.dirs = found
+
+    def stored(self, name):
+        """The outcome stored under ``name``, whatever its pin (to learn what to pin)."""
+        entry = self.snapshots.get(name)
+        return entry.get("out") if type(entry) is dict else None
+
+    def snapshot(self, name, value):
+        """The outcome stored under ``name`` when its pin is ``value``, else None."""
+        self.used_snapshots.add(name)
+        entry = self.snapshots.get(name)
+        if type(entry) is dict and entry.get("pin") == value:
+            return entry.get("out")
+        return None
+
+    def keep_snapshot(self, name, value, out):
+        self.used_snapshots.add(name)
+        self.snapshots[name] = {"pin": value, "out": out}
+        self.changed = True
 
     def sha256(self, path, st):
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-        entry = self.entries.get(path)
-        if entry and entry[:3] == stamp:
+        self.entries()
+        key = path[self.cut:] if path.startswith(self.root) else path
+        entry = self.files.get(key)
+        if (entry is not None and entry[0] == st.st_size and entry[1] == st.st_mtime_ns and entry[2] == st.st_ino
+                and entry[3] == st.st_ctime_ns):
             self.hits += 1
-            return entry[3]
+            self.used_files[key] = entry
+            return entry[4]
         self.misses += 1
         value = b64(file_digest(path, "sha256").digest())
-        self.entries[path] = stamp + [value]
-        self.dirty = True
+        self.files[key] = self.used_files[key] = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, value]
+        self.changed = True
         return value
 
-    def save(self):
-        if not (self.path and self.dirty):
-            return None
+    def listing(self, folder, st):
+        """(file names, sub-folder names) in ``folder``, sorted; .pyc files and __pycache__ left out.
+        ``st``: the folder's stat."""
+        self.entries()
+        self.walked = True
+        key = folder[self.cut:] if folder.startswith(self.root) else folder
+        entry = self.dirs.get(key)
+        if entry is not None and entry[0] == st.st_ino and entry[1] == st.st_mtime_ns and entry[2] == st.st_ctime_ns:
+            self.used_dirs[key] = entry
+            return entry[3], entry[4]
+        names, subdirs = [], []
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = "%s.%d.tmp" % (self.path, os.getpid())
-            with open(tmp, "w") as handle:
-                json.dump(self.entries, handle)
+            with os.scandir(folder) as it:
+                for item in it:
+                    if item.is_dir(follow_symlinks=False):
+                        if item.name not in SKIP_DIRS:
+                            subdirs.append(item.name)
+                    elif not item.name.endswith(".pyc"):
+                        names.append(item.name)
+        except OSError:
+            return [], []
+        names.sort()
+        subdirs.sort()
+        self.dirs[key] = self.used_dirs[key] = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, names, subdirs]
+        self.changed = True
+        return names, subdirs
+
+    def save(self, dists):
+        """Write what this run learnt, when it learnt something or dropped a snapshot. Returns an
+        error text."""
+        if not self.path:
+            return None
+        if not self.changed and set(self.snapshots) == self.used_snapshots:
+            return None  # the file on disk already says all this
+        self.entries()
+        listed = set(self.used_files)
+        listed.update(self.rel(path) for path in record_owners(dists))  # a file keeps its entry while a RECORD lists it
+        files = {k: v for k, v in self.files.items() if k in listed}
+        dirs = self.used_dirs if self.walked else self.dirs
+        snapshots = {k: v for k, v in self.snapshots.items() if k in self.used_snapshots}
+        body = json.dumps({"files": files, "dirs": dirs}, separators=(",", ":")).encode("utf-8")
+        head = json.dumps({"schema": CACHE_SCHEMA, "key": self.key, "body_sha256": hashlib.sha256(body).hexdigest(),
+                           "snapshots": snapshots}, separators=(",", ":")).encode("utf-8")
+        data = hashlib.sha256(head).hexdigest().encode() + b"\n" + head + b"\n" + body
+        folder, tmp = os.path.dirname(self.path), None
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            st = os.stat(folder)
+            if st.st_uid != os.geteuid():
+                return "hash cache not saved: %s belongs to another user" % folder
+            if st.st_mode & 0o077:
+                os.chmod(folder, 0o700)
+            tmp = "%s.%d.%s.tmp" % (self.path, os.getpid(), os.urandom(4).hex())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
             os.rename(tmp, self.path)  # atomic: a concurrent reader sees the old or the new cache
+            tmp = None
         except (IOError, OSError) as exc:
             return "hash cache not saved: %s" % exc
+        finally:
+            if tmp:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
         return None
 
 
-def matches(path, st, algo, expected, cache):
-    if algo == "sha256":
-        return cache.sha256(path, st) == expected
-    return b64(file_digest(path, algo).digest()) == expected
+def valid_entries(doc):
+    """(files, dirs) of a cache file's second line, or None when it is not what HashCache writes."""
+    if type(doc) is not dict:
+        return None
+    files, dirs = doc.get("files"), doc.get("dirs")
+    if type(files) is not dict or type(dirs) is not dict:
+        return None
+    for entry in files.values():
+        if type(entry) is not list or len(entry) != 5 or type(entry[4]) is not str:
+            return None
+    for entry in dirs.values():
+        if type(entry) is not list or len(entry) != 5 or type(entry[3]) is not list or type(entry[4]) is not list:
+            return None
+        try:
+            "".join(entry[3]) + "".join(entry[4])  # names are strings
+        except TypeError:
+            return None
+    return files, dirs
+
+
+DIST_OUTCOME = ("missing", "modified", "patched")
 
 
 def verify(dists, params):
@@ -283,54 +476,110 @@ def verify(dists, params):
                                                                              "manifest.json"))
     out = {"modified": [], "missing": [], "orphans": [], "patched": [], "foreign_shebangs": [],
            "checked": 0, "cache_hits": 0, "cache_misses": 0, "cache_error": None}
-    owners = {}  # path -> dist-info folders whose RECORD lists it
+    # What a distribution's outcome depends on besides its RECORD and its files' stats: the
+    # interpreter paths a console script's shebang may name, and the files a release patched.
+    context = (prefix, sys.executable, tuple(sys.version_info[:2]), sorted(patched.items()))
     for dist in dists:
-        verify_dist(dist, prefix, cache, patched, owners, out)
-    out["orphans"] = find_orphans(dists, owners, shadowed_dist_infos(dists), prefix)
+        verify_dist(dist, prefix, cache, patched, context, out)
+    out["orphans"] = find_orphans(dists, shadowed_dist_infos(dists), prefix, cache)
     added_by_release(out, patched, cache, prefix)
     out["cache_hits"], out["cache_misses"] = cache.hits, cache.misses
-    out["cache_error"] = cache.save()
+    out["cache_error"] = cache.save(dists)
+    out["cache_ignored"] = cache.ignored
     out["seconds"] = round(time.time() - started, 3)  # the host's own time for the file check
     return out
 
 
-def verify_dist(dist, prefix, cache, patched, owners, out):
+def verify_dist(dist, prefix, cache, patched, context, out):
     """One distribution's RECORD against the disk. The loop runs for every file of every package
-    on every audit, so it stays lean: the cache answers unchanged files after one os.stat."""
-    site, bindir, info, matched, checked = dist["site"], os.path.join(prefix, "bin") + "/", dist["dist_info"], 0, 0
+    on every audit, so it stays lean: one os.stat per file, and when the stats pin the outcome of
+    an earlier run (the snapshot), nothing else."""
+    site, bindir, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.stat
+    sts, stamps, scripts = [], [], []
+    keep, stamp = sts.append, stamps.extend
+    try:  # stat relative to the site folder: the kernel walks 3 path parts, not 9
+        site_fd = os.open(site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if stat in os.supports_dir_fd else None
+    except OSError:
+        site_fd = None
+    cut = len(site) + 1
+    try:
+        for path, _digest in record_files(dist):
+            try:
+                if site_fd is not None and path[cut - 1:cut] == "/" and path.startswith(site):
+                    st = stat(path[cut:], dir_fd=site_fd)
+                else:
+                    st = stat(path)
+            except OSError:
+                st = None
+                stamps.append(None)
+            else:
+                stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+                if path.startswith(bindir):
+                    scripts.append(path)
+            keep(st)
+    finally:
+        if site_fd is not None:
+            os.close(site_fd)
     where = lambda path: {"dist": dist["name"], "path": under(path, prefix)}  # noqa: E731 - only for findings
-    for rel, digest, _size in dist["_record"]:
-        path = site + "/" + rel
-        if "/." in path or "//" in path:  # only rows like ../../bin/x need the slow normalisation
-            path = os.path.normpath(path)
-        owners.setdefault(path, []).append(info)
-        if path.endswith(".pyc") or "/__pycache__/" in path:
+    for path in scripts:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
+        outside = foreign_interpreter(path, prefix)
+        if outside:
+            out["foreign_shebangs"].append(dict(where(path), interpreter=outside))
+    name = "dist:%s/%s" % (cache.rel(site), dist["dist_info"])
+    value = pin(stamps, context, site, dist["name"], dist["dist_info"], dist["_record_sha256"])
+    known = cache.snapshot(name, value)
+    if valid_outcome(known):
+        for key in DIST_OUTCOME:
+            out[key].extend(known[key])
+        out["checked"] += known["checked"]
+        cache.hits += known["lookups"]
+        dist["_matched"] = known["matched"]
+        return
+    before = cache.hits + cache.misses
+    found = {key: [] for key in DIST_OUTCOME}
+    matched = checked = 0
+    for (path, digest), st in zip(record_files(dist), sts):
+        if st is None:
+            found["missing"].append(where(path))
             continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            out["missing"].append(where(path))
-            continue
-        script = path.startswith(bindir)
-        if script:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
-            outside = foreign_interpreter(path, prefix)
-            if outside:
-                out["foreign_shebangs"].append(dict(where(path), interpreter=outside))
         if not digest:
             continue  # RECORD itself and files pip records without a hash
         algo, _, expected = digest.partition("=")
         checked += 1
-        if matches(path, st, algo, expected, cache) or (script and matches_modulo_shebang(path, algo, expected, prefix)):
+        actual = cache.sha256(path, st) if algo == "sha256" else b64(file_digest(path, algo).digest())
+        if actual == expected or (path.startswith(bindir) and matches_modulo_shebang(path, algo, expected, prefix)):
             matched += 1
             continue
-        found = where(path)
-        release = patched.get(found["path"])
+        item = where(path)
+        release = patched.get(item["path"])
         if release and cache.sha256(path, st) == release["sha256"]:
-            out["patched"].append(dict(found, release=release["release"], sha256=release["sha256"]))
+            found["patched"].append(dict(item, release=release["release"], sha256=release["sha256"]))
             continue
-        out["modified"].append(found)
+        found["modified"].append(item)
+    for key in DIST_OUTCOME:
+        out[key].extend(found[key])
     out["checked"] += checked
     dist["_matched"] = matched
+    cache.keep_snapshot(name, value, dict(found, checked=checked, matched=matched,
+                                          lookups=cache.hits + cache.misses - before))
+
+
+def record_files(dist):
+    """(path, 'algo=digest' or '') of each RECORD row of ``dist`` but compiled files."""
+    site, normpath = dist["site"], os.path.normpath
+    for rel, digest, _size in dist["_record"]:
+        path = site + "/" + rel
+        if "/." in path or "//" in path:  # only rows like ../../bin/x need the slow normalisation
+            path = normpath(path)
+        if not (path.endswith(".pyc") or "/__pycache__/" in path):
+            yield path, digest
+
+
+def valid_outcome(known):
+    if type(known) is not dict:
+        return False
+    return (all(type(known.get(k)) is list and all(type(i) is dict for i in known[k]) for k in DIST_OUTCOME)
+            and all(type(known.get(k)) is int for k in ("checked", "matched", "lookups")))
 
 
 def under(path, prefix):
@@ -385,26 +634,79 @@ def shadowed_dist_infos(dists):
     return shadowed
 
 
-def find_orphans(dists, owners, shadowed, prefix):
+def record_owners(dists):
+    """path -> dist-info folders whose RECORD lists it."""
+    owners = {}
+    for dist in dists:
+        site, info = dist["site"], dist["dist_info"]
+        for rel, _digest, _size in dist["_record"]:
+            path = site + "/" + rel
+            if "/." in path or "//" in path:
+                path = os.path.normpath(path)
+            owners.setdefault(path, []).append(info)
+    return owners
+
+
+def find_orphans(dists, shadowed, prefix, cache):
     """Files inside a distribution's top-level package folders that no live RECORD lists: owned by
-    none, or only by a shadowed duplicate dist-info."""
-    orphans = []
+    none, or only by a shadowed duplicate dist-info. The answer of an earlier walk is reused while
+    the RECORDs and every folder's stat are the same (the folders are all there is to list)."""
+    tops = []  # (folder, stat, dist), each folder once
     seen = set()
     for dist in dists:
         for name in dist["top_level"]:
             folder = os.path.join(dist["site"], name)
-            if folder in seen or not os.path.isdir(folder):
+            if folder in seen:
                 continue
-            seen.add(folder)
-            for path in walk_files(folder):
-                owned_by = owners.get(path, ())
-                if path.endswith(".pyc") or any(o not in shadowed for o in owned_by):
-                    continue
-                item = {"dist": dist["name"], "path": under(path, prefix)}
-                if owned_by:
-                    item["left_by"] = owned_by[0]
-                orphans.append(item)
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            if S_ISDIR(st.st_mode):
+                seen.add(folder)
+                tops.append((folder, st, dist))
+    owners_pin = [(d["name"], d["site"], d["dist_info"], d["top_level"], d["_record_sha256"]) for d in dists]
+    known = cache.stored("orphans")
+    if (type(known) is dict and type(known.get("folders")) is list and type(known.get("orphans")) is list
+            and all(type(i) is dict and type(i.get("path")) is str for i in known["orphans"])):
+        stamps = []
+        for st in folder_stats(tops, known["folders"], cache):
+            stamps.extend((st.st_ino, st.st_mtime_ns, st.st_ctime_ns) if st else (None,))
+        value = pin(stamps, prefix, owners_pin, sorted(shadowed), known["folders"])
+        if cache.snapshot("orphans", value) is not None:
+            return known["orphans"]
+    owners = record_owners(dists)
+    orphans, below = [], []  # below: (path, stat) of the folders under the top ones, as walked
+    for folder, st, dist in tops:
+        visited = []
+        for path in walk_files(folder, st, cache, visited):
+            owned_by = owners.get(path)
+            if owned_by is not None and (not shadowed or any(o not in shadowed for o in owned_by)):
+                continue
+            item = {"dist": dist["name"], "path": under(path, prefix)}
+            if owned_by:
+                item["left_by"] = owned_by[0]
+            orphans.append(item)
+        below.extend(visited[1:])
+    folders = [cache.rel(path) for path, _st in below]
+    stamps = []
+    for st in [st for _folder, st, _dist in tops] + [st for _path, st in below]:
+        stamps.extend((st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+    cache.keep_snapshot("orphans", pin(stamps, prefix, owners_pin, sorted(shadowed), folders),
+                        {"folders": folders, "orphans": orphans})
     return orphans
+
+
+def folder_stats(tops, folders, cache):
+    """The stat (None when gone) of each top folder, then of each of ``folders`` (the folders below
+    them an earlier walk listed, relative to the venv), in the order walk_files visits them."""
+    for _folder, st, _dist in tops:
+        yield st
+    for rel in folders:
+        try:
+            yield os.lstat(rel if rel.startswith("/") else cache.root + rel)
+        except (OSError, TypeError, ValueError, AttributeError):
+            yield None
 
 
 def added_by_release(out, patched, cache, prefix):
@@ -421,19 +723,25 @@ def added_by_release(out, patched, cache, prefix):
     out["orphans"] = kept
 
 
-def walk_files(folder):
-    """Every file under ``folder`` (sorted, __pycache__ skipped): scandir, cheaper than os.walk."""
-    stack = [folder]
+def walk_files(folder, st, cache, visited):
+    """Every file under ``folder`` but *.pyc (sorted, depth first, __pycache__ skipped). ``st``:
+    the folder's stat. Listings come from the cache while a folder's stat says it is unchanged.
+    ``visited`` gets (path, stat) of each folder listed."""
+    stack = [(folder, st)]
     while stack:
-        with os.scandir(stack.pop()) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for entry in reversed(entries):
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name not in SKIP_DIRS:
-                    stack.append(entry.path)
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
-                yield entry.path
+        here, here_st = stack.pop()
+        visited.append((here, here_st))
+        names, subdirs = cache.listing(here, here_st)
+        for name in reversed(subdirs):
+            path = here + "/" + name
+            try:
+                sub_st = os.lstat(path)
+            except OSError:
+                continue
+            if S_ISDIR(sub_st.st_mode):
+                stack.append((path, sub_st))
+        for name in names:
+            yield here + "/" + name
 
 
 def release_hashes(manifest_path):
