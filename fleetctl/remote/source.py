@@ -18,7 +18,6 @@ matching lines are decoded. No per-line Python loop. The files are shared out am
 workers, one per usable CPU (``workers`` in params overrides).
 """
 
-import ast
 import importlib.util
 import marshal
 import os
@@ -31,6 +30,7 @@ FIRST_READ = 1 << 16
 MAX_LINE = 500  # longer matching lines (minified files) are cut, the count is unaffected
 PY_SUFFIXES = (".py", ".pyi")
 UNREADABLE = False  # what read_text_bytes gives for a file it may not open or read
+ast = None  # the ast module, imported by load_ast() for symbol searches only: grep does without it
 
 
 class ProbeInputError(Exception):
@@ -411,6 +411,14 @@ def collect_worker(pid, fd):
 ENUM_BASES = ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag")
 
 
+def load_ast():
+    """Import ast on first use (a few ms of a grep's interpreter start otherwise)."""
+    global ast
+    if ast is None:
+        import ast as module
+        ast = module
+
+
 def dotted(node):
     """'a.b.c' for a Name/Attribute chain, else None."""
     parts = []
@@ -433,16 +441,27 @@ def assigned_names(target):
     return []
 
 
-class SymbolFinder(ast.NodeVisitor):
-    """Definitions of NAME (or Class.member) apart from references to it, with their scope."""
+class SymbolFinder:
+    """Definitions of NAME (or Class.member) apart from references to it, with their scope.
+
+    An ``ast.NodeVisitor`` (visit and generic_visit as there), written out so that this module
+    needs ast only once a symbol is searched for."""
 
     def __init__(self, name):
+        load_ast()
         self.parts = name.split(".")
         self.name = self.parts[-1]
         self.qual = self.parts[:-1]
         self.scope = []  # [(kind, name, is_enum)], kind "class" | "def"
         self.calls = set()  # id() of nodes that are called: their references are "call"
         self.found = []  # (role, node, kind, scope)
+
+    def visit(self, node):
+        return getattr(self, "visit_" + node.__class__.__name__, self.generic_visit)(node)
+
+    def generic_visit(self, node):
+        for child in ast.iter_child_nodes(node):
+            self.visit(child)
 
     def where(self):
         return ".".join(s[1] for s in self.scope)
@@ -536,6 +555,7 @@ class SymbolFinder(ast.NodeVisitor):
 
 def symbol_file(data, rel, name):
     """(definitions, references) of one file; raises what ast raises on a bad file."""
+    load_ast()
     tree = ast.parse(data, filename=rel)
     finder = SymbolFinder(name)
     finder.visit(tree)
