@@ -307,10 +307,15 @@ def grep(params):
     context = max(int(params.get("context") or 0), 0)
     paths = sorted(list_files(base))  # sorted first, so the listed hits are the first ones by path
 
-    def work(part):
-        return grep_files(part, root, terms, finders, kind, max_hits, context)
+    budget = [max_hits]  # lines this process may still list: its chunks of paths come in order
 
-    parts = fan_out(work, paths, worker_count(params, len(paths)))
+    def work(part):
+        found = grep_files(part, root, terms, finders, kind, budget[0], context)
+        budget[0] -= sum(len(e["hits"]) for e in found[0])
+        return found
+
+    workers = fan_out_width(paths, worker_count(params, len(paths)))
+    parts = fan_out(work, paths, workers)
     files = sorted([e for p in parts for e in p[0]], key=lambda e: e["path"])
     trim_hits(files, max_hits, context)
     binary, unreadable = sum(p[1] for p in parts), sum(p[2] for p in parts)
@@ -321,7 +326,7 @@ def grep(params):
     answer.update({
         "searched_files": len(paths) - binary - unreadable, "binary_files": binary,
         "unreadable_files": unreadable, "files": files, "counts": counts,
-        "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": len(parts),
+        "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": workers,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     })
     return answer
@@ -344,32 +349,69 @@ def worker_count(params, files):
     return max(1, min(cpus, MAX_WORKERS, files // FILES_PER_WORKER))
 
 
+MAX_CHUNKS = 255  # one byte per chunk number, all written at once: fits any pipe (PIPE_BUF >= 512)
+
+
 def fan_out(work, items, workers):
-    """[work(slice) for each of ``workers`` interleaved slices of items], all but one in forked children.
+    """[work(chunk) for each chunk of items], in no particular order, the chunks shared out among
+    ``workers`` forked children.
 
     Searching is CPU-bound Python (bytes.find and ast hold the GIL), so threads would not help;
-    fork shares the compiled matchers without pickling. Without fork: one slice, in-process.
+    fork shares the compiled matchers without pickling. The items are cut into contiguous chunks
+    (up to MAX_CHUNKS) whose numbers wait in a pipe; each child takes the next number when it is
+    done with a chunk, so a slow one (big files, a busy CPU) takes fewer. Each child sees its
+    chunks in increasing order, so state that a ``work`` closure keeps across its calls (a budget
+    of listed lines) follows the order of items. This process only hands out and collects: all
+    workers alike (none pays for copy-on-write of the parent's heap more than another).
+    Without fork, or when not even one child can be started: every chunk, in order, in-process.
     """
-    if workers <= 1 or len(items) < 2 or not hasattr(os, "fork"):
+    if fan_out_width(items, workers) == 1:
         return [work(items)]
+    size = max(1, -(-len(items) // MAX_CHUNKS))
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    queue_r, queue_w = os.pipe()
+    try:
+        os.write(queue_w, bytes(range(len(chunks))))  # <= 255 bytes: one atomic write, never blocks
+    finally:
+        os.close(queue_w)
     children, results = [], []
     try:
-        for i in range(1, workers):
-            try:
-                children.append(fork_worker(work, items[i::workers]))
-            except OSError:  # no more processes: do this slice here
-                results.append(work(items[i::workers]))
-        results.append(work(items[::workers]))  # this process takes the first slice meanwhile
+        try:
+            for _ in range(workers):
+                try:
+                    children.append(fork_worker(lambda: take_chunks(work, chunks, queue_r)))
+                except OSError:  # no more processes: the ones there are take more chunks
+                    break
+            if not children:
+                results.extend(take_chunks(work, chunks, queue_r))
+        finally:
+            os.close(queue_r)
     finally:
         answers = [collect_worker(pid, fd) for pid, fd in children]  # every child reaped, come what may
     for status, value in answers:
         if status != "ok":
             raise RuntimeError("a search worker failed: %s" % value)
-        results.append(value)
+        results.extend(value)
     return results
 
 
-def fork_worker(work, part):
+def fan_out_width(items, workers):
+    """How many processes fan_out shares items among."""
+    return workers if workers > 1 and len(items) > 1 and hasattr(os, "fork") else 1
+
+
+def take_chunks(work, chunks, queue_r):
+    """[work(chunk)] for each chunk number this process takes from the queue, until it is empty."""
+    out = []
+    while True:
+        number = os.read(queue_r, 1)
+        if not number:
+            return out
+        out.append(work(chunks[number[0]]))
+
+
+def fork_worker(work):
+    """(pid, read end of its answer pipe) of a child that runs work() and sends back what it returns."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
@@ -378,7 +420,7 @@ def fork_worker(work, part):
     code = 0  # the child: answer through the pipe, then leave without running any cleanup of the parent's
     try:
         os.close(read_fd)
-        blob = marshal.dumps(("ok", work(part)))
+        blob = marshal.dumps(("ok", work()))
     except BaseException as exc:
         blob, code = marshal.dumps(("error", "%s: %s" % (type(exc).__name__, exc))), 1
     try:
@@ -597,14 +639,15 @@ def symbol(params):
         raise ProbeInputError("bad symbol name %r: expected NAME or Class.member" % (name,))
     root, pkg_dir, base = search_base(params)
     paths = sorted(list_files(base, PY_SUFFIXES))
-    parts = fan_out(lambda part: symbol_files(part, root, name), paths, worker_count(params, len(paths)))
+    workers = fan_out_width(paths, worker_count(params, len(paths)))
+    parts = fan_out(lambda part: symbol_files(part, root, name), paths, workers)
     answer = answer_base(root, pkg_dir, base)
     answer.update({
         "name": name, "searched_files": len(paths), "candidate_files": sum(p[3] for p in parts),
         "definitions": sorted([d for p in parts for d in p[0]], key=by_place),
         "references": sorted([r for p in parts for r in p[1]], key=by_place),
         "unparsable": sorted([u for p in parts for u in p[2]], key=lambda e: e["path"]),
-        "workers": len(parts), "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+        "workers": workers, "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     })
     return answer
 
