@@ -258,27 +258,14 @@ def test_grep_budget_across_chunks_and_workers(tmp_path: Path) -> None:
     assert listed == sorted(listed)[:45] and len({p for p, _ in listed}) == 23
 
 
-def test_literal_regex_finds_as_bytes_find(sites: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The race between bytes.find and re for fixed strings: either way the same answer, and the
-    finder that was clearly faster is kept."""
-    hay = b"xx Mamba\nMambaMamba\n"
-    for needle in (b"Mamba", b"\nMa", b"absent"):
-        fast, other = source._fixed(needle), source._literal_regex(needle)
-        assert [fast(hay, pos) for pos in range(len(hay) + 1)] == [other(hay, pos) for pos in range(len(hay) + 1)]
-    finders = [source._fixed(b"Mamba"), source._fixed(b"xx")]
-    race = {"others": [source._literal_regex(b"Mamba"), source._literal_regex(b"xx")], "left": 1,
-            "spent": [[1.0, 0.0], [0.0, 1.0]]}  # as if re were faster for the first, slower for the second
-    kept = finders[1]
-    assert source.race_firsts(hay, finders, race) == [3, 0]
-    assert finders[0] is not kept and finders[1] is kept and race["others"] is None
+def test_find_spec_is_importlib_util_find_spec(sites: dict[str, Path]) -> None:
+    import importlib.util
 
-    site = sites[NEW_SGLANG]
-    params = {"subpath": "srt", "context": 1, "max_hits": 50, "workers": 1}
-    by_find = grep(site, *MAMBA_TERMS, **params)
-    monkeypatch.setattr(source, "_fixed", source._literal_regex)
-    by_re = grep(site, *MAMBA_TERMS, **params)
-    by_find.pop("elapsed_ms"), by_re.pop("elapsed_ms")
-    assert by_find == by_re
+    with on_path(sites[NEW_SGLANG]):
+        for name in ("sglang", "os", "json", "sys", "no_such_package_here"):
+            mine, theirs = source.find_spec(name), importlib.util.find_spec(name)
+            assert (mine and (mine.name, mine.origin, mine.submodule_search_locations)) == (
+                theirs and (theirs.name, theirs.origin, theirs.submodule_search_locations))
 
 
 def test_grep_ignore_case_finds_lowercase(sites: dict[str, Path]) -> None:

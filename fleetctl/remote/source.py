@@ -18,10 +18,8 @@ matching lines are decoded. No per-line Python loop. The files are shared out am
 workers, one per usable CPU (``workers`` in params overrides).
 """
 
-import importlib.util
 import marshal
 import os
-import re
 import sys
 import time
 
@@ -57,6 +55,16 @@ def interpreter():
     return "%s (Python %s)" % (sys.executable, python_version())
 
 
+def find_spec(top):
+    """importlib.util.find_spec(top) for a top-level name, without importing importlib.util (its
+    imports are ~3 ms of a child's start): what it calls, where that is there as in 3.4 to 3.13."""
+    finder = getattr(sys.modules.get("_frozen_importlib"), "_find_spec", None)
+    if finder is None or top in sys.modules:
+        import importlib.util
+        return importlib.util.find_spec(top)
+    return finder(top, None)
+
+
 def find_package(package):
     """(root, package_dir): root is the folder holding the package, answers' paths start there."""
     top, _, rest = package.partition(".")
@@ -64,7 +72,7 @@ def find_package(package):
     # A '' or '.' entry (python -c) would let the current directory shadow the installed package.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     try:
-        spec = importlib.util.find_spec(top)
+        spec = find_spec(top)
     except (ImportError, ValueError) as exc:
         raise ProbeInputError("cannot look up %s for %s: %s" % (top, interpreter(), exc)) from None
     finally:
@@ -162,6 +170,8 @@ def compile_terms(terms, regex, ignore_case):
         if ignore_case:
             return [_fixed(t.lower().encode("ascii")) for t in terms], "lower"
         return [_fixed(t.encode("ascii")) for t in terms], "bytes"
+    import re  # here only: fixed ASCII strings (the common case) do without its import
+
     flags = re.MULTILINE | (re.IGNORECASE if ignore_case else 0)
     finders = []
     for term in terms:
@@ -177,47 +187,6 @@ def compile_terms(terms, regex, ignore_case):
 def _fixed(needle):
     return lambda hay, pos: hay.find(needle, pos)
 
-
-def _literal_regex(needle):
-    """The same finder as _fixed(needle) (the leftmost match of a literal), by re. Which one is
-    faster depends on the needle and the text: bytes.find skips ahead by the needle's length,
-    re's literal search scans for its first byte (so "Mamba" goes twice as fast)."""
-    search = re.compile(re.escape(needle)).search
-
-    def find(hay, pos):
-        found = search(hay, pos)
-        return -1 if found is None else found.start()
-    return find
-
-
-RACE_BYTES = 1 << 18  # each worker searches this much both ways before each term keeps the faster
-
-
-def new_race(terms):
-    """What race_firsts needs, for fixed-string terms searched as bytes."""
-    return {"others": [_literal_regex(t.encode("ascii")) for t in terms], "left": RACE_BYTES,
-            "spent": [[0.0, 0.0] for _ in terms]}
-
-
-def race_firsts(data, finders, race):
-    """[finders[i](data, 0)], also timing the equivalent race["others"][i]; once RACE_BYTES are
-    searched, finders[i] becomes the other where that was clearly faster (this process only)."""
-    clock = time.perf_counter
-    firsts = []
-    for find, other, spent in zip(finders, race["others"], race["spent"]):
-        start = clock()
-        firsts.append(find(data, 0))
-        middle = clock()
-        other(data, 0)
-        spent[0] += middle - start
-        spent[1] += clock() - middle
-    race["left"] -= len(data)
-    if race["left"] <= 0:
-        for i, (mine, theirs) in enumerate(race["spent"]):
-            if theirs < mine * 0.8:
-                finders[i] = race["others"][i]
-        race["others"] = None
-    return firsts
 
 
 def _searcher(pattern, nl):
@@ -313,10 +282,9 @@ def grep_file(data, terms, finders, kind, budget, context, firsts=None):
     return entry
 
 
-def grep_files(paths, root, terms, finders, kind, max_hits, context, race=None):
+def grep_files(paths, root, terms, finders, kind, max_hits, context):
     """(entries, binary files, unreadable files) of some files, in the order given; at most max_hits
-    lines listed. ``race``: new_race(terms) for fixed strings, while the faster finders are still to
-    be chosen (race_firsts)."""
+    lines listed."""
     entries, binary, unreadable, shown = [], 0, 0, 0
     for path in paths:
         data = read_text_bytes(path)
@@ -326,10 +294,7 @@ def grep_files(paths, root, terms, finders, kind, max_hits, context, race=None):
             continue
         firsts = None
         if kind == "bytes":  # most files hold no term: skip them without more ado
-            if race is not None and race["others"] is not None:
-                firsts = race_firsts(data, finders, race)
-            else:
-                firsts = [find(data, 0) for find in finders]
+            firsts = [find(data, 0) for find in finders]
             if max(firsts) < 0:
                 continue
         entry = grep_file(data, terms, finders, kind, max_hits - shown, context, firsts)
@@ -359,13 +324,10 @@ def grep(params):
     context = max(int(params.get("context") or 0), 0)
     paths = sorted(list_files(base))  # sorted first, so the listed hits are the first ones by path
 
-    # Per process (each takes its chunks of paths in order): the lines it may still list, and for
-    # fixed strings its race between two ways of finding them (it changes finders in place).
-    budget = [max_hits]
-    race = new_race(terms) if kind == "bytes" and not params.get("regex") else None
+    budget = [max_hits]  # lines this process may still list: its chunks of paths come in order
 
     def work(part):
-        found = grep_files(part, root, terms, finders, kind, budget[0], context, race)
+        found = grep_files(part, root, terms, finders, kind, budget[0], context)
         budget[0] -= sum(len(e["hits"]) for e in found[0])
         return found
 
