@@ -220,6 +220,27 @@ def test_child_reads_and_writes_json_as_the_json_module(tmp_path: Path) -> None:
     assert bad.returncode != 0 and b"JSONDecodeError: Extra data" in bad.stderr
 
 
+def test_child_ends_at_once_only_when_the_module_says_so(tmp_path: Path) -> None:
+    import json as _json
+
+    from fleetctl.remote import agent as remote_agent  # type: ignore[attr-defined]
+
+    for flag in (True, False):
+        source = ("import atexit, sys\n"
+                  f"EXIT_AT_ONCE = {flag}\n"
+                  "atexit.register(lambda: sys.stderr.write('tidied up\\n'))\n"
+                  "def main(params):\n"
+                  "    print('said on stderr')\n"
+                  "    return 'answer'\n")
+        req = {"module": "m", "source": source, "params": {}, "begin": "<<B>>", "end": "<<E>>", "hash": f"x{flag}",
+               "cache_dir": str(tmp_path / "code")}
+        proc = subprocess.run(["/usr/bin/python3", "-c", remote_agent.CHILD_RUNNER], input=_json.dumps(req).encode(),
+                              capture_output=True, check=True)
+        out = proc.stdout.decode()
+        assert _json.loads(out[out.rindex("<<B>>") + 5:out.rindex("<<E>>")])["result"] == "answer"
+        assert proc.stderr.decode() == "said on stderr\n" + ("" if flag else "tidied up\n")
+
+
 def test_child_code_cache_is_used_only_when_private(tmp_path: Path) -> None:
     import marshal
 

@@ -22,7 +22,8 @@ BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
 
 # Runs one module under another interpreter (a venv's python). stdout is kept for the
-# delimited answer alone: anything the module prints goes to stderr.
+# delimited answer alone: anything the module prints goes to stderr. A module that sets
+# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
 CHILD_RUNNER = r"""
 import marshal, os, sys
 
@@ -96,8 +97,9 @@ def code():
     return compiled
 
 
+ns = {}
 try:
-    ns = {"__name__": "fleetctl_remote_" + req["module"]}
+    ns["__name__"] = "fleetctl_remote_" + req["module"]
     exec(code(), ns)
     res = {"ok": True, "result": ns["main"](req["params"])}
 except BaseException as e:
@@ -106,6 +108,9 @@ except BaseException as e:
                                   "traceback": traceback.format_exc()}}
 out.write("\n%s\n%s\n%s\n" % (req["begin"], dumps(res), req["end"]))
 out.flush()
+if ns.get("EXIT_AT_ONCE") is True:  # a module with nothing to tidy up: skip the interpreter's teardown
+    sys.stderr.flush()
+    os._exit(0)
 """
 
 

@@ -28,6 +28,7 @@ FIRST_READ = 1 << 16
 MAX_LINE = 500  # longer matching lines (minified files) are cut, the count is unaffected
 PY_SUFFIXES = (".py", ".pyi")
 UNREADABLE = False  # what read_text_bytes gives for a file it may not open or read
+EXIT_AT_ONCE = True  # the agent's child runner may end the process right after the answer: nothing to tidy up
 ast = None  # the ast module, imported by load_ast() for symbol searches only: grep does without it
 
 
