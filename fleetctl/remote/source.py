@@ -59,8 +59,10 @@ def interpreter():
 
 
 def find_spec(top):
-    """importlib.util.find_spec(top) for a top-level name, without importing importlib.util (its
-    imports are ~3 ms of a child's start): what it calls, where that is there as in 3.4 to 3.13."""
+    """importlib.util.find_spec(top) for a top-level name without importing importlib.util (its
+    imports are ~3 ms of a child's start): the import system's own _find_spec(name, None), which
+    importlib.util.find_spec calls for a name not imported yet (Python 3.4 to 3.13); that
+    function itself where it is missing or the name is imported already."""
     finder = getattr(sys.modules.get("_frozen_importlib"), "_find_spec", None)
     if finder is None or top in sys.modules:
         import importlib.util
@@ -189,7 +191,6 @@ def compile_terms(terms, regex, ignore_case):
 
 def _fixed(needle):
     return lambda hay, pos: hay.find(needle, pos)
-
 
 
 def _searcher(pattern, nl):
