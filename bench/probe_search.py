@@ -10,7 +10,11 @@ Every sample is checked (the same matching lines found) before it counts. Starts
 (.fleetctl/bench-probe-lab on 127.0.91.x) and takes it down at the end, also on error. Writes
 bench/probe_search.md.
 
-    .venv/bin/python bench/probe_search.py [--runs 9]
+    .venv/bin/python bench/probe_search.py [--runs 9] [--only a|b]
+
+`--only a` runs part (a) alone: no lab is started and bench/probe_search.md is left as it is (the
+table is printed). `--only b` runs part (b) alone (part (a) still unpacks the wheel and counts the
+expected lines with rg first) and does not write the file either.
 """
 
 from __future__ import annotations
@@ -126,6 +130,15 @@ def local_samples(runs: int) -> tuple[dict[str, list[float]], int]:
         return samples, lines
 
 
+def expected_lines() -> int:
+    """The matching lines rg finds in the unpacked wheel's sglang/srt (what part (b) checks against)."""
+    with tempfile.TemporaryDirectory(prefix="fleetctl-bench-site-") as tmp:
+        with zipfile.ZipFile(sglang_wheel()) as zf:
+            zf.extractall(tmp)
+        argv = rg_argv(str(Path(tmp) / "sglang" / "srt"))
+        return len(subprocess.run(argv, capture_output=True, check=True).stdout.splitlines())
+
+
 def install_venvs(fleet: LabFleet) -> None:
     """Each host gets /root/ml-env with the wheel, as tests/sglang_support.py does it."""
     wheel = sglang_wheel()
@@ -204,6 +217,8 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=9, help="timed runs per row after 1 warm-up (>= 7)")
+    ap.add_argument("--only", choices=("a", "b"),
+                    help="run one part alone (a: no lab); the table is printed, probe_search.md not written")
     args = ap.parse_args(argv)
     if args.runs < 7:
         ap.error("--runs must be at least 7")
@@ -213,17 +228,22 @@ def main(argv: list[str] | None = None) -> int:
                  "command": shlex.join([".venv/bin/python", "bench/probe_search.py", *given]),
                  "runs": args.runs, "load_before": os.getloadavg()[0], "jobs": {}}
     started = time.monotonic()
-    try:
+    if args.only == "b":
+        doc["lines"] = expected_lines()
+    else:
         local, doc["lines"] = local_samples(args.runs)
         doc["jobs"]["(a) search sglang/srt on this machine"] = ("rg -F", local)
-        for job, tools in fleet_samples(args.runs, doc["lines"]).items():
-            doc["jobs"][f"(b) {job}"] = ("openssh + rg -F", tools)
-    finally:
-        lab_down(LAB_DIR, purge=True)
+    if args.only != "a":
+        try:
+            for job, tools in fleet_samples(args.runs, doc["lines"]).items():
+                doc["jobs"][f"(b) {job}"] = ("openssh + rg -F", tools)
+        finally:
+            lab_down(LAB_DIR, purge=True)
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     doc["load_after"] = os.getloadavg()[0]
     text = markdown(doc)
-    (HERE / "probe_search.md").write_text(text)
+    if args.only is None:
+        (HERE / "probe_search.md").write_text(text)
     print(text)
     return 0
 

@@ -187,6 +187,60 @@ def _run_child(cache: Path, source: str) -> Any:
     return _json.loads(out[out.rindex("<<B>>") + 5:out.rindex("<<E>>")])["result"]
 
 
+def test_child_reads_and_writes_json_as_the_json_module(tmp_path: Path) -> None:
+    """The child runner uses json's C scanner and encoder without importing json: the same request
+    seen, the same answer text written as json.dumps(..., default=str), json itself not imported."""
+    import json as _json
+
+    from fleetctl.remote import agent as remote_agent  # type: ignore[attr-defined]
+
+    params = {"s": "caf\u00e9 \"q\" \\ \u2603 \U0001f600\n\t", "n": [0, -1, 2**70, 1.5, -0.0, 1e300, True, None],
+              "nested": {"a": [{"b": []}], "": {}}}
+    source = ("import math, sys\n"
+              "def main(params):\n"
+              "    return {'params': params, 'json_imported': 'json' in sys.modules,\n"
+              "            're_imported': 're' in sys.modules,\n"
+              "            'odd': [math.nan, math.inf, -math.inf, {1: 'int key', None: 'none', 2.5: 'f'}, (1, 2),\n"
+              "                    object.__new__(type('Thing', (), {'__str__': lambda self: 'thing'}))]}\n")
+    req = {"module": "m", "source": source, "params": params, "begin": "<<B>>", "end": "<<E>>", "hash": "h2",
+           "cache_dir": str(tmp_path / "code")}
+    payload = "\n " + _json.dumps(req) + "\n"
+    out = subprocess.run(["/usr/bin/python3", "-c", remote_agent.CHILD_RUNNER], input=payload.encode(),
+                         capture_output=True, check=True).stdout.decode()
+    text = out[out.rindex("<<B>>") + 5:out.rindex("<<E>>")].strip()
+    answer = _json.loads(text)
+    assert answer["result"]["params"] == params
+    assert answer["result"]["json_imported"] is False and answer["result"]["re_imported"] is False
+    expected = {"ok": True, "result": {"params": params, "json_imported": False, "re_imported": False,
+                                       "odd": [float("nan"), float("inf"), -float("inf"),
+                                               {1: "int key", None: "none", 2.5: "f"}, (1, 2), "thing"]}}
+    assert text == _json.dumps(expected, default=str)
+    bad = subprocess.run(["/usr/bin/python3", "-c", remote_agent.CHILD_RUNNER], input=b'{"module": 1} trailing',
+                         capture_output=True)
+    assert bad.returncode != 0 and b"JSONDecodeError: Extra data" in bad.stderr
+
+
+def test_child_ends_at_once_only_when_the_module_says_so(tmp_path: Path) -> None:
+    import json as _json
+
+    from fleetctl.remote import agent as remote_agent  # type: ignore[attr-defined]
+
+    for flag in (True, False):
+        source = ("import atexit, sys\n"
+                  f"EXIT_AT_ONCE = {flag}\n"
+                  "atexit.register(lambda: sys.stderr.write('tidied up\\n'))\n"
+                  "def main(params):\n"
+                  "    print('said on stderr')\n"
+                  "    return 'answer'\n")
+        req = {"module": "m", "source": source, "params": {}, "begin": "<<B>>", "end": "<<E>>", "hash": f"x{flag}",
+               "cache_dir": str(tmp_path / "code")}
+        proc = subprocess.run(["/usr/bin/python3", "-c", remote_agent.CHILD_RUNNER], input=_json.dumps(req).encode(),
+                              capture_output=True, check=True)
+        out = proc.stdout.decode()
+        assert _json.loads(out[out.rindex("<<B>>") + 5:out.rindex("<<E>>")])["result"] == "answer"
+        assert proc.stderr.decode() == "said on stderr\n" + ("" if flag else "tidied up\n")
+
+
 def test_child_code_cache_is_used_only_when_private(tmp_path: Path) -> None:
     import marshal
 

@@ -215,6 +215,59 @@ def test_fan_out_reports_failed_workers_and_reaps_them() -> None:
     assert _no_children_left()
 
 
+def test_fan_out_hands_each_process_its_chunks_in_order() -> None:
+    """Chunks are taken from a queue: every item once, and each process sees its items in increasing
+    order (what grep's per-process budget of listed lines relies on), also for chunks of many items."""
+    items = list(range(3 * source.MAX_CHUNKS + 7))
+    parts = source.fan_out(lambda part: (os.getpid(), part), items, 3)
+    assert sorted(x for _pid, part in parts for x in part) == items
+    assert all(len(part) == 4 for _pid, part in parts[:-1] if part[-1] != items[-1])
+    by_pid: dict[int, list[int]] = {}
+    for pid, part in parts:
+        by_pid.setdefault(pid, []).extend(part)
+    assert os.getpid() not in by_pid  # the children do the work, this process hands out and collects
+    assert all(seen == sorted(seen) for seen in by_pid.values())
+    assert _no_children_left()
+
+
+def test_fan_out_works_in_process_when_no_child_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(source.os, "fork", no_fork)
+    parts = source.fan_out(lambda part: part, list(range(600)), 3)
+    assert [x for part in parts for x in part] == list(range(600))  # every chunk, in order
+
+
+def test_grep_budget_across_chunks_and_workers(tmp_path: Path) -> None:
+    """Many files with hits, more than one per chunk: the lines listed (max_hits) are the first ones
+    by path whichever process searched which chunk."""
+    for i in range(600):
+        folder = tmp_path / "manypkg" / f"d{i % 7}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"m{i:03d}.py").write_text(f"x = 1\nneedle {i}\nneedle\n")
+    with on_path(tmp_path):
+        answers = [source.main({"mode": "grep", "package": "manypkg", "terms": ["needle"], "max_hits": 45,
+                                "context": 1, "workers": w}) for w in (1, 2, 3)]
+    assert [a["workers"] for a in answers] == [1, 2, 3]
+    for answer in answers:
+        answer.pop("elapsed_ms"), answer.pop("workers")
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0]["shown"] == 45 and answers[0]["matched_lines"] == 1200 and answers[0]["truncated"]
+    listed = [(f["path"], h["line"]) for f in answers[0]["files"] for h in f["hits"]]
+    assert listed == sorted(listed)[:45] and len({p for p, _ in listed}) == 23
+
+
+def test_find_spec_is_importlib_util_find_spec(sites: dict[str, Path]) -> None:
+    import importlib.util
+
+    with on_path(sites[NEW_SGLANG]):
+        for name in ("sglang", "os", "json", "sys", "no_such_package_here"):
+            mine, theirs = source.find_spec(name), importlib.util.find_spec(name)
+            assert (mine and (mine.name, mine.origin, mine.submodule_search_locations)) == (
+                theirs and (theirs.name, theirs.origin, theirs.submodule_search_locations))
+
+
 def test_grep_ignore_case_finds_lowercase(sites: dict[str, Path]) -> None:
     site = sites[NEW_SGLANG]
     exact = grep(site, "Mamba", subpath="srt/layers", max_hits=100000)

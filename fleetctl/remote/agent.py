@@ -23,10 +23,47 @@ BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
 
 # Runs one module under another interpreter (a venv's python). stdout is kept for the
-# delimited answer alone: anything the module prints goes to stderr.
+# delimited answer alone: anything the module prints goes to stderr. A module that sets
+# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
 CHILD_RUNNER = r"""
-import json, marshal, os, sys, traceback
-req = json.loads(sys.stdin.read())
+import marshal, os, sys
+
+
+def codec():
+    # (loads, dumps): json's own C scanner and encoder, set up as json.loads and
+    # json.dumps(..., default=str) set them up, without importing json (and re with it: some
+    # 5 ms of every child's start); json itself where _json is missing or differs.
+    try:
+        from _json import encode_basestring_ascii, make_encoder, make_scanner
+
+        class Context(object):
+            strict, object_hook, object_pairs_hook, parse_float, parse_int = True, None, None, float, int
+            parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+        scan = make_scanner(Context())
+        make_encoder({}, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    except Exception:
+        import json
+        return json.loads, lambda value: json.dumps(value, default=str)
+
+    def loads(text):
+        text = text.strip(" \t\n\r")
+        try:
+            value, end = scan(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError):
+            pass
+        import json  # not JSON: json's own error
+        return json.loads(text)
+
+    def dumps(value):
+        return "".join(make_encoder({}, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)(value, 0))
+    return loads, dumps
+
+
+loads, dumps = codec()
+req = loads(sys.stdin.read())
 out, sys.stdout = sys.stdout, sys.stderr
 
 
@@ -61,15 +98,20 @@ def code():
     return compiled
 
 
+ns = {}
 try:
-    ns = {"__name__": "fleetctl_remote_" + req["module"]}
+    ns["__name__"] = "fleetctl_remote_" + req["module"]
     exec(code(), ns)
     res = {"ok": True, "result": ns["main"](req["params"])}
 except BaseException as e:
+    import traceback  # only now: its import is a few ms of every child's start
     res = {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
                                   "traceback": traceback.format_exc()}}
-out.write("\n%s\n%s\n%s\n" % (req["begin"], json.dumps(res, default=str), req["end"]))
+out.write("\n%s\n%s\n%s\n" % (req["begin"], dumps(res), req["end"]))
 out.flush()
+if ns.get("EXIT_AT_ONCE") is True:  # a module with nothing to tidy up: skip the interpreter's teardown
+    sys.stderr.flush()
+    os._exit(0)
 """
 
 

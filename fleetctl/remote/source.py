@@ -14,15 +14,14 @@ params:
 
 Speed matters (2,141 files in sglang/srt): each file is read once as bytes; fixed strings are
 found with ``bytes.find`` on the whole file, line numbers are counted only around hits, and only
-matching lines are decoded. No per-line Python loop. The files are shared out among forked
-workers, one per usable CPU (``workers`` in params overrides).
+matching lines are decoded. No per-line Python loop. The files are shared out, in chunks taken
+from a queue, among forked workers, one per usable CPU (``workers`` in params overrides). The
+interpreter's start counts as much as the search: a grep imports nothing beyond what every
+Python starts with (re, ast and importlib.util only where they are needed).
 """
 
-import ast
-import importlib.util
 import marshal
 import os
-import re
 import sys
 import time
 
@@ -31,6 +30,8 @@ FIRST_READ = 1 << 16
 MAX_LINE = 500  # longer matching lines (minified files) are cut, the count is unaffected
 PY_SUFFIXES = (".py", ".pyi")
 UNREADABLE = False  # what read_text_bytes gives for a file it may not open or read
+EXIT_AT_ONCE = True  # the agent's child runner may end the process right after the answer: nothing to tidy up
+ast = None  # the ast module, imported by load_ast() for symbol searches only: grep does without it
 
 
 class ProbeInputError(Exception):
@@ -57,6 +58,18 @@ def interpreter():
     return "%s (Python %s)" % (sys.executable, python_version())
 
 
+def find_spec(top):
+    """importlib.util.find_spec(top) for a top-level name without importing importlib.util (its
+    imports are ~3 ms of a child's start): the import system's own _find_spec(name, None), which
+    importlib.util.find_spec calls for a name not imported yet (Python 3.4 to 3.13); that
+    function itself where it is missing or the name is imported already."""
+    finder = getattr(sys.modules.get("_frozen_importlib"), "_find_spec", None)
+    if finder is None or top in sys.modules:
+        import importlib.util
+        return importlib.util.find_spec(top)
+    return finder(top, None)
+
+
 def find_package(package):
     """(root, package_dir): root is the folder holding the package, answers' paths start there."""
     top, _, rest = package.partition(".")
@@ -64,7 +77,7 @@ def find_package(package):
     # A '' or '.' entry (python -c) would let the current directory shadow the installed package.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     try:
-        spec = importlib.util.find_spec(top)
+        spec = find_spec(top)
     except (ImportError, ValueError) as exc:
         raise ProbeInputError("cannot look up %s for %s: %s" % (top, interpreter(), exc)) from None
     finally:
@@ -162,6 +175,8 @@ def compile_terms(terms, regex, ignore_case):
         if ignore_case:
             return [_fixed(t.lower().encode("ascii")) for t in terms], "lower"
         return [_fixed(t.encode("ascii")) for t in terms], "bytes"
+    import re  # here only: fixed ASCII strings (the common case) do without its import
+
     flags = re.MULTILINE | (re.IGNORECASE if ignore_case else 0)
     finders = []
     for term in terms:
@@ -243,14 +258,15 @@ def context_lines(src, start, lineno, n, nl):
     return out
 
 
-def grep_file(data, terms, finders, kind, budget, context):
-    """One file's entry, or None without a match. ``budget``: how many lines may still be listed."""
+def grep_file(data, terms, finders, kind, budget, context, firsts=None):
+    """One file's entry, or None without a match. ``budget``: how many lines may still be listed;
+    ``firsts``: where each term first matches (-1: nowhere) when that is known already."""
     hay = data.lower() if kind == "lower" else data.decode("utf-8", "replace") if kind == "text" else data
     src = hay if kind == "text" else data
     nl = "\n" if kind == "text" else b"\n"
     per_term = {}
-    for term, find in zip(terms, finders):
-        first = find(hay, 0)  # most files hold no term: one C-level scan each, nothing more
+    for i, (term, find) in enumerate(zip(terms, finders)):
+        first = find(hay, 0) if firsts is None else firsts[i]  # mostly no term: one C-level scan each
         if first >= 0:
             per_term[term] = match_lines(hay, find, nl, first)
     if not per_term:
@@ -280,7 +296,12 @@ def grep_files(paths, root, terms, finders, kind, max_hits, context):
             binary += data is None
             unreadable += data is UNREADABLE
             continue
-        entry = grep_file(data, terms, finders, kind, max_hits - shown, context)
+        firsts = None
+        if kind == "bytes":  # most files hold no term: skip them without more ado
+            firsts = [find(data, 0) for find in finders]
+            if max(firsts) < 0:
+                continue
+        entry = grep_file(data, terms, finders, kind, max_hits - shown, context, firsts)
         if entry is not None:
             entry["path"] = os.path.relpath(path, root)
             shown += len(entry["hits"])
@@ -307,10 +328,15 @@ def grep(params):
     context = max(int(params.get("context") or 0), 0)
     paths = sorted(list_files(base))  # sorted first, so the listed hits are the first ones by path
 
-    def work(part):
-        return grep_files(part, root, terms, finders, kind, max_hits, context)
+    budget = [max_hits]  # lines this process may still list: its chunks of paths come in order
 
-    parts = fan_out(work, paths, worker_count(params, len(paths)))
+    def work(part):
+        found = grep_files(part, root, terms, finders, kind, budget[0], context)
+        budget[0] -= sum(len(e["hits"]) for e in found[0])
+        return found
+
+    workers = fan_out_width(paths, worker_count(params, len(paths)))
+    parts = fan_out(work, paths, workers)
     files = sorted([e for p in parts for e in p[0]], key=lambda e: e["path"])
     trim_hits(files, max_hits, context)
     binary, unreadable = sum(p[1] for p in parts), sum(p[2] for p in parts)
@@ -321,7 +347,7 @@ def grep(params):
     answer.update({
         "searched_files": len(paths) - binary - unreadable, "binary_files": binary,
         "unreadable_files": unreadable, "files": files, "counts": counts,
-        "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": len(parts),
+        "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": workers,
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     })
     return answer
@@ -344,32 +370,69 @@ def worker_count(params, files):
     return max(1, min(cpus, MAX_WORKERS, files // FILES_PER_WORKER))
 
 
+MAX_CHUNKS = 255  # one byte per chunk number, all written at once: fits any pipe (PIPE_BUF >= 512)
+
+
 def fan_out(work, items, workers):
-    """[work(slice) for each of ``workers`` interleaved slices of items], all but one in forked children.
+    """[work(chunk) for each chunk of items], in no particular order, the chunks shared out among
+    ``workers`` forked children.
 
     Searching is CPU-bound Python (bytes.find and ast hold the GIL), so threads would not help;
-    fork shares the compiled matchers without pickling. Without fork: one slice, in-process.
+    fork shares the compiled matchers without pickling. The items are cut into contiguous chunks
+    (up to MAX_CHUNKS) whose numbers wait in a pipe; each child takes the next number when it is
+    done with a chunk, so a slow one (big files, a busy CPU) takes fewer. Each child sees its
+    chunks in increasing order, so state that a ``work`` closure keeps across its calls (a budget
+    of listed lines) follows the order of items. This process only hands out and collects: all
+    workers alike (none pays for copy-on-write of the parent's heap more than another).
+    Without fork, or when not even one child can be started: every chunk, in order, in-process.
     """
-    if workers <= 1 or len(items) < 2 or not hasattr(os, "fork"):
+    if fan_out_width(items, workers) == 1:
         return [work(items)]
+    size = max(1, -(-len(items) // MAX_CHUNKS))
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    queue_r, queue_w = os.pipe()
+    try:
+        os.write(queue_w, bytes(range(len(chunks))))  # <= 255 bytes: one atomic write, never blocks
+    finally:
+        os.close(queue_w)
     children, results = [], []
     try:
-        for i in range(1, workers):
-            try:
-                children.append(fork_worker(work, items[i::workers]))
-            except OSError:  # no more processes: do this slice here
-                results.append(work(items[i::workers]))
-        results.append(work(items[::workers]))  # this process takes the first slice meanwhile
+        try:
+            for _ in range(workers):
+                try:
+                    children.append(fork_worker(lambda: take_chunks(work, chunks, queue_r)))
+                except OSError:  # no more processes: the ones there are take more chunks
+                    break
+            if not children:
+                results.extend(take_chunks(work, chunks, queue_r))
+        finally:
+            os.close(queue_r)
     finally:
         answers = [collect_worker(pid, fd) for pid, fd in children]  # every child reaped, come what may
     for status, value in answers:
         if status != "ok":
             raise RuntimeError("a search worker failed: %s" % value)
-        results.append(value)
+        results.extend(value)
     return results
 
 
-def fork_worker(work, part):
+def fan_out_width(items, workers):
+    """How many processes fan_out shares items among."""
+    return workers if workers > 1 and len(items) > 1 and hasattr(os, "fork") else 1
+
+
+def take_chunks(work, chunks, queue_r):
+    """[work(chunk)] for each chunk number this process takes from the queue, until it is empty."""
+    out = []
+    while True:
+        number = os.read(queue_r, 1)
+        if not number:
+            return out
+        out.append(work(chunks[number[0]]))
+
+
+def fork_worker(work):
+    """(pid, read end of its answer pipe) of a child that runs work() and sends back what it returns."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
@@ -378,7 +441,7 @@ def fork_worker(work, part):
     code = 0  # the child: answer through the pipe, then leave without running any cleanup of the parent's
     try:
         os.close(read_fd)
-        blob = marshal.dumps(("ok", work(part)))
+        blob = marshal.dumps(("ok", work()))
     except BaseException as exc:
         blob, code = marshal.dumps(("error", "%s: %s" % (type(exc).__name__, exc))), 1
     try:
@@ -411,6 +474,14 @@ def collect_worker(pid, fd):
 ENUM_BASES = ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag")
 
 
+def load_ast():
+    """Import ast on first use (a few ms of a grep's interpreter start otherwise)."""
+    global ast
+    if ast is None:
+        import ast as module
+        ast = module
+
+
 def dotted(node):
     """'a.b.c' for a Name/Attribute chain, else None."""
     parts = []
@@ -433,16 +504,27 @@ def assigned_names(target):
     return []
 
 
-class SymbolFinder(ast.NodeVisitor):
-    """Definitions of NAME (or Class.member) apart from references to it, with their scope."""
+class SymbolFinder:
+    """Definitions of NAME (or Class.member) apart from references to it, with their scope.
+
+    An ``ast.NodeVisitor`` (visit and generic_visit as there), written out so that this module
+    needs ast only once a symbol is searched for."""
 
     def __init__(self, name):
+        load_ast()
         self.parts = name.split(".")
         self.name = self.parts[-1]
         self.qual = self.parts[:-1]
         self.scope = []  # [(kind, name, is_enum)], kind "class" | "def"
         self.calls = set()  # id() of nodes that are called: their references are "call"
         self.found = []  # (role, node, kind, scope)
+
+    def visit(self, node):
+        return getattr(self, "visit_" + node.__class__.__name__, self.generic_visit)(node)
+
+    def generic_visit(self, node):
+        for child in ast.iter_child_nodes(node):
+            self.visit(child)
 
     def where(self):
         return ".".join(s[1] for s in self.scope)
@@ -536,6 +618,7 @@ class SymbolFinder(ast.NodeVisitor):
 
 def symbol_file(data, rel, name):
     """(definitions, references) of one file; raises what ast raises on a bad file."""
+    load_ast()
     tree = ast.parse(data, filename=rel)
     finder = SymbolFinder(name)
     finder.visit(tree)
@@ -577,14 +660,15 @@ def symbol(params):
         raise ProbeInputError("bad symbol name %r: expected NAME or Class.member" % (name,))
     root, pkg_dir, base = search_base(params)
     paths = sorted(list_files(base, PY_SUFFIXES))
-    parts = fan_out(lambda part: symbol_files(part, root, name), paths, worker_count(params, len(paths)))
+    workers = fan_out_width(paths, worker_count(params, len(paths)))
+    parts = fan_out(lambda part: symbol_files(part, root, name), paths, workers)
     answer = answer_base(root, pkg_dir, base)
     answer.update({
         "name": name, "searched_files": len(paths), "candidate_files": sum(p[3] for p in parts),
         "definitions": sorted([d for p in parts for d in p[0]], key=by_place),
         "references": sorted([r for p in parts for r in p[1]], key=by_place),
         "unparsable": sorted([u for p in parts for u in p[2]], key=lambda e: e["path"]),
-        "workers": len(parts), "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+        "workers": workers, "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     })
     return answer
 
