@@ -22,13 +22,15 @@ class BenchError(RuntimeError):
     """A measured command did not do its job."""
 
 
-def fleetctl_job(inventory: Path, args: list[str], hosts: int) -> Callable[[], float]:
-    """One whole `fleetctl -i INV ... --json` process; every host must be ok."""
+def fleetctl_job(inventory: Path, args: list[str], hosts: int, persist: Path | None = None) -> Callable[[], float]:
+    """One whole `fleetctl -i INV ... --json` process; every host must be ok. ``persist``: over kept
+    connections (FLEETCTL_PERSIST), the server's socket in that folder (its CPU is the client's)."""
     argv = [str(FLEETCTL), "-i", str(inventory), *args, "--json"]
+    env = {**os.environ, "FLEETCTL_PERSIST": "300", "FLEETCTL_MUX_DIR": str(persist)} if persist else None
 
     def run() -> float:
         start = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         took = time.perf_counter() - start
         if proc.returncode != 0:
             raise BenchError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}")
@@ -37,7 +39,20 @@ def fleetctl_job(inventory: Path, args: list[str], hosts: int) -> Callable[[], f
             raise BenchError(f"{shlex.join(argv)}: {ok} of {hosts} hosts ok")
         return took
 
+    if persist:
+        run.helper_cpu = pid_files_cpu(persist)  # type: ignore[attr-defined]
     return run
+
+
+def persist_options(masters: Path) -> tuple[str, ...]:
+    """OpenSSH's own kept connections: a ControlPersist master per host, sockets in ``masters``."""
+    masters.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return ("-o", "ControlMaster=auto", "-o", f"ControlPath={masters}/cm-%C", "-o", "ControlPersist=300")
+
+
+def stop_masters(masters: Path) -> None:
+    for master in masters.glob("cm-*"):
+        subprocess.run(["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True)
 
 
 def ssh_argv(lab_dir: Path, address: str, remote: str, extra: tuple[str, ...] = ()) -> list[str]:

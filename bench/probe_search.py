@@ -41,8 +41,10 @@ import report  # noqa: E402
 
 from fleetctl.lab import LabFleet, lab_down, lab_up  # noqa: E402
 from fleetctl.remote.agent import BEGIN, CHILD_RUNNER, END  # noqa: E402
+from fleetctl.transport.mux import socket_path, stop_server  # noqa: E402
 
 LAB_DIR = ROOT / ".fleetctl" / "bench-probe-lab"
+MUX_DIR = LAB_DIR / "mux"  # the kept-connection server of the --persist rows
 BASE = "127.0.91.0"
 HOSTS = 8
 VERSION = "0.5.23"
@@ -176,8 +178,12 @@ def fleet_samples(runs: int, lines: int) -> dict[str, dict[str, list[float]]]:
         addrs = [h.address for h in fleet.hosts[:count]]
         args = ["-l", limit, "probe", "grep", *TERMS, "--subpath", "srt", "--venv", VENV]
         order[f"{count}/fleetctl probe grep"] = jobs.fleetctl_job(fleet.inventory_path, args, count)
+        order[f"{count}/fleetctl --persist probe grep"] = jobs.fleetctl_job(fleet.inventory_path, args, count,
+                                                                            persist=MUX_DIR)
         order[f"{count}/openssh + rg -F"] = jobs.openssh_job(LAB_DIR, addrs, remote, found_all)
         order[f"{count}/openssh-x25519 + rg -F"] = jobs.openssh_job(LAB_DIR, addrs, remote, found_all, SAME_KEX)
+        order[f"{count}/openssh-persist + rg -F"] = jobs.openssh_job(
+            LAB_DIR, addrs, remote, found_all, (*SAME_KEX, *jobs.persist_options(LAB_DIR / "ssh-masters")))
     flat = jobs.rounds(order, runs)
     out: dict[str, dict[str, list[float]]] = {}
     for key, samples in flat.items():
@@ -202,7 +208,9 @@ def markdown(doc: dict) -> str:
         "(b) whole commands: `fleetctl -i INV -l HOSTS probe grep TERMS --subpath srt --venv /root/ml-env --json`",
         "(imports, connect, agent start, search, answer) vs one plain `ssh HOST rg -F -n ...` per host, all at",
         "once. Target: ratio <= 1.5 against `openssh`. `openssh-x25519` uses the key exchange paramiko",
-        "negotiates (OpenSSH's default sntrup761x25519 costs more CPU), for reference.", "",
+        "negotiates (OpenSSH's default sntrup761x25519 costs more CPU), for reference. `--persist` rows: over",
+        "kept connections (fleetctl's FLEETCTL_PERSIST; OpenSSH's ControlPersist master per host), opened by",
+        "the warm-up round, as ansible-core's ControlPersist is in bench/results.md.", "",
         "| job | tool | median s | min | max | ratio |", "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for job, (reference, tools) in doc["jobs"].items():
@@ -228,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                  "command": shlex.join([".venv/bin/python", "bench/probe_search.py", *given]),
                  "runs": args.runs, "load_before": os.getloadavg()[0], "jobs": {}}
     started = time.monotonic()
+    jobs.compile_fleetctl()
     if args.only == "b":
         doc["lines"] = expected_lines()
     else:
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             for job, tools in fleet_samples(args.runs, doc["lines"]).items():
                 doc["jobs"][f"(b) {job}"] = ("openssh + rg -F", tools)
         finally:
+            stop_server(socket_path(MUX_DIR))
+            jobs.stop_masters(LAB_DIR / "ssh-masters")
             lab_down(LAB_DIR, purge=True)
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     doc["load_after"] = os.getloadavg()[0]

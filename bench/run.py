@@ -216,7 +216,6 @@ class Lab:
         self.pyinfra_inv = peers.pyinfra_setup(fleet.directory, self.addrs, work / "pyinfra")
         self.mux_dir = fleet.directory / "mux"
         self.ssh_masters = fleet.directory / "ssh-masters"
-        self.ssh_masters.mkdir(mode=0o700, exist_ok=True)
 
     def fleetctl(self, args: list[str], check: Callable[[int, str], str | None],
                  before: Callable[[], None] | None = None, persist: bool = False) -> Job:
@@ -235,8 +234,7 @@ class Lab:
         from fleetctl.transport import mux
 
         mux.stop_server(mux.socket_path(self.mux_dir))
-        for master in self.ssh_masters.glob("cm-*"):
-            subprocess.run(["ssh", "-o", f"ControlPath={master}", "-O", "exit", "x"], capture_output=True)
+        jobs.stop_masters(self.ssh_masters)
 
     def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool]) -> dict[str, Job]:
         script = self.scripts[job]
@@ -247,8 +245,7 @@ class Lab:
             # The lower bound with kept connections: OpenSSH's own ControlPersist master per host.
             "openssh-persist": jobs.openssh_script_job(
                 self.fleet.directory, self.addrs, python, script, expect,
-                (*SAME_KEX, "-o", "ControlMaster=auto", "-o", f"ControlPath={self.ssh_masters}/cm-%C",
-                 "-o", "ControlPersist=300")),
+                (*SAME_KEX, *jobs.persist_options(self.ssh_masters))),
             "ansible-core": jobs.checked_job(peers.ansible_argv(self.ansible_dir, script, python),
                                              ansible_answers(marker, self.count), env=self.ansible_env),
             "pyinfra": jobs.checked_job(peers.pyinfra_argv(self.pyinfra_inv, script, python, self.count),
