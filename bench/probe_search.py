@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from fleetctl.transport.mux import socket_path, stop_server  # noqa: E402
 
 LAB_DIR = ROOT / ".fleetctl" / "bench-probe-lab"
 MUX_DIR = LAB_DIR / "mux"  # the kept-connection server of the --persist rows
+MASTERS = Path(f"/tmp/fleetctl-bench-cm-{os.getpid()}")  # OpenSSH's: a Unix socket path must stay short
 BASE = "127.0.91.0"
 HOSTS = 8
 VERSION = "0.5.23"
@@ -183,7 +185,7 @@ def fleet_samples(runs: int, lines: int) -> dict[str, dict[str, list[float]]]:
         order[f"{count}/openssh + rg -F"] = jobs.openssh_job(LAB_DIR, addrs, remote, found_all)
         order[f"{count}/openssh-x25519 + rg -F"] = jobs.openssh_job(LAB_DIR, addrs, remote, found_all, SAME_KEX)
         order[f"{count}/openssh-persist + rg -F"] = jobs.openssh_job(
-            LAB_DIR, addrs, remote, found_all, (*SAME_KEX, *jobs.persist_options(LAB_DIR / "ssh-masters")))
+            LAB_DIR, addrs, remote, found_all, (*SAME_KEX, *jobs.persist_options(MASTERS)))
     flat = jobs.rounds(order, runs)
     out: dict[str, dict[str, list[float]]] = {}
     for key, samples in flat.items():
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 doc["jobs"][f"(b) {job}"] = ("openssh + rg -F", tools)
         finally:
             stop_server(socket_path(MUX_DIR))
-            jobs.stop_masters(LAB_DIR / "ssh-masters")
+            jobs.stop_masters(MASTERS)
+            shutil.rmtree(MASTERS, ignore_errors=True)
             lab_down(LAB_DIR, purge=True)
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     doc["load_after"] = os.getloadavg()[0]
