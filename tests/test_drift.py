@@ -342,3 +342,26 @@ def test_html_and_markdown_renderings() -> None:
     assert header == "| package | baseline | a | b | c |"
     row = next(line for line in md if line.startswith("| sglang"))
     assert row.count("|") == 6 and "(version)" in row
+
+
+def test_a_kept_agent_rereads_a_record_that_changed(tmp_path: Path) -> None:
+    """The kept agent's memo answers an unchanged RECORD from memory, never a changed one."""
+    source = (Path(__file__).resolve().parent.parent / "fleetctl" / "remote" / "distributions.py").read_text()
+    memo: dict[object, object] = {}
+
+    def read(path: Path) -> tuple[tuple[tuple[str, str, int | None], ...], str]:
+        ns: dict[str, object] = {"__name__": "fleetctl_remote_distributions", "AGENT_MEMO": memo}
+        exec(compile(source, "distributions.py", "exec"), ns)  # a fresh namespace, as each command gets
+        return ns["read_record"](str(path))  # type: ignore[operator,no-any-return]
+
+    record = tmp_path / "RECORD"
+    record.write_text("pkg/__init__.py,sha256=abc,3\n")
+    first = read(record)
+    assert [row[0] for row in first[0]] == ["pkg/__init__.py"]
+    assert read(record) is first  # unchanged: from memory
+    record.write_text("pkg/__init__.py,sha256=abde,4\n")  # rewritten in place (same inode)
+    changed = read(record)
+    assert changed[0][0][1] == "sha256=abde" and changed[1] != first[1]
+    no_memo: dict[str, object] = {"__name__": "child"}  # a one-off child process: no memo at all
+    exec(compile(source, "distributions.py", "exec"), no_memo)
+    assert no_memo["read_record"](str(record))[0] == changed[0]  # type: ignore[operator]

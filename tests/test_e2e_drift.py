@@ -97,3 +97,32 @@ def test_missing_venv_is_a_host_failure(drift_lab: LabHandle, capsys: pytest.Cap
     assert r.rc == 2
     assert r.json()["hosts"]["lab1"] == {
         "status": "failed", "reason": "drift: InterpreterNotFound: no venv: no python at /root/nope/bin/python"}
+
+
+def test_kept_connections_still_see_an_edit_made_between_audits(
+    drift_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over kept connections the agent keeps RECORDs and the hash cache between audits: an edit
+    made between two commands must still be found by the next one."""
+    from fleetctl.transport import mux
+
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(tmp_path / "mux"))
+    target = f"{VENV}/{SITE}/sglang/srt/utils/common.py"
+
+    def audit() -> dict:  # type: ignore[type-arg]
+        r = run_cli(capsys, "-i", str(drift_lab.inventory_path), "--persist", "60", "drift", "--venv", VENV,
+                    "-l", "lab1", "--verify-files", "--skip", "unsatisfied", "--json")
+        assert r.rc in (0, 1), r.err
+        return r.json()["hosts"]["lab1"]  # type: ignore[no-any-return]
+
+    try:
+        assert audit()["findings"] == []
+        again = audit()
+        assert again["findings"] == [] and again["files"]["cache_misses"] == 0
+        drift_lab.ssh("lab1", f"cp -a {target} /root/common.py.keep && echo '# hot fix' >> {target}")
+        found = audit()
+        assert [(f["kind"], f["detail"]) for f in found["findings"]] == [
+            ("modified-file", f"{SITE}/sglang/srt/utils/common.py")]
+    finally:
+        drift_lab.ssh("lab1", f"test ! -e /root/common.py.keep || mv -f /root/common.py.keep {target}", check=False)
+        mux.stop_server(mux.socket_path(tmp_path / "mux"))

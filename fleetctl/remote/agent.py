@@ -138,6 +138,10 @@ def write_message(out, obj):
 class Agent(object):
     def __init__(self):
         self.modules = {}  # hash -> [module name, source, namespace or None, code or None]
+        # Values derived from a file, kept between the commands a kept agent serves; a module keys
+        # each by the file's identity (path, size, mtime_ns, inode, ctime_ns), so a changed file
+        # is never answered from it. A child process has none.
+        self.memo = {}
 
     def load(self, req):
         h = req["hash"]
@@ -158,7 +162,7 @@ class Agent(object):
         if entry[2] is None or req.get("fresh"):
             # A kept agent (persistent connections) serves many commands: each starts with the
             # module's top level run again, so no module state outlives the command.
-            ns = {"__name__": "fleetctl_remote_" + entry[0]}
+            ns = {"__name__": "fleetctl_remote_" + entry[0], "AGENT_MEMO": self.memo}
             exec(entry[3], ns)
             entry[2] = ns
         return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}

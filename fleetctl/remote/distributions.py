@@ -119,8 +119,7 @@ def read_dist(site, entry):
     if name is None:  # a dist-info without METADATA: keep what its folder name says
         stem = entry[: -len(".dist-info")]
         name, _, version = stem.partition("-")
-    record_text = read_text(os.path.join(folder, "RECORD"))
-    record = parse_record(record_text)
+    record, record_sha256 = read_record(os.path.join(folder, "RECORD"))
     direct = read_text(os.path.join(folder, "direct_url.json"))
     installer = (read_text(os.path.join(folder, "INSTALLER")) or "").strip() or None
     return {
@@ -135,8 +134,30 @@ def read_dist(site, entry):
         "top_level": top_level(folder, record),
         "record_files": len(record),
         "_record": record,
-        "_record_sha256": hashlib.sha256((record_text or "").encode("utf-8")).hexdigest(),
+        "_record_sha256": record_sha256,
     }
+
+
+def read_record(path):
+    """(RECORD rows, sha256 of its text). A kept agent (AGENT_MEMO) answers the next command's
+    audit from memory while the file's identity is unchanged: parsing a big RECORD is most of a
+    version-only audit's host time."""
+    memo = globals().get("AGENT_MEMO")
+    ident = None
+    if memo is not None:
+        try:
+            st = os.stat(path)
+            ident = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        except OSError:
+            ident = None
+        known = memo.get(("record", path))
+        if ident is not None and known is not None and known[0] == ident:
+            return known[1]
+    text = read_text(path)
+    value = (tuple(parse_record(text)), hashlib.sha256((text or "").encode("utf-8")).hexdigest())
+    if ident is not None:
+        memo[("record", path)] = (ident, value)  # one entry per RECORD path: bounded
+    return value
 
 
 def describe_direct_url(text):
@@ -501,20 +522,16 @@ def verify_dist(dist, prefix, cache, patched, context, out):
         site_fd = os.open(site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if stat in os.supports_dir_fd else None
     except OSError:
         site_fd = None
-    cut = len(site) + 1
     try:
-        for path, _digest in record_files(dist):
+        for path, rel in stat_targets(dist):
             try:
-                if site_fd is not None and path[cut - 1:cut] == "/" and path.startswith(site):
-                    st = stat(path[cut:], dir_fd=site_fd)
-                else:
-                    st = stat(path)
+                st = stat(rel, dir_fd=site_fd) if rel is not None and site_fd is not None else stat(path)
             except OSError:
                 st = None
                 stamps.append(None)
             else:
                 stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-                if path.startswith(bindir):
+                if rel is None and path.startswith(bindir):
                     scripts.append(path)
             keep(st)
     finally:
@@ -562,6 +579,24 @@ def verify_dist(dist, prefix, cache, patched, context, out):
     dist["_matched"] = matched
     cache.keep_snapshot(name, value, dict(found, checked=checked, matched=matched,
                                           lookups=cache.hits + cache.misses - before))
+
+
+def stat_targets(dist):
+    """(full path, path relative to the site folder or None) of each ``record_files`` row, in its
+    order. A kept agent (AGENT_MEMO) keeps the list per distribution folder and RECORD content."""
+    memo = globals().get("AGENT_MEMO")
+    key = ("stat_targets", dist["site"], dist["dist_info"])
+    if memo is not None:
+        known = memo.get(key)
+        if known is not None and known[0] == dist["_record_sha256"]:
+            return known[1]
+    site = dist["site"]
+    cut = len(site) + 1
+    targets = tuple((path, path[cut:] if path[cut - 1:cut] == "/" and path.startswith(site) else None)
+                    for path, _digest in record_files(dist))
+    if memo is not None:
+        memo[key] = (dist["_record_sha256"], targets)  # one entry per distribution folder: bounded
+    return targets
 
 
 def record_files(dist):
