@@ -36,9 +36,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' wheel cache: sglang_support.wheel
 
 import jobs  # noqa: E402
 import report  # noqa: E402
+from sglang_support import wheel as cached_wheel  # noqa: E402
 
 from fleetctl.lab import LabFleet, lab_down, lab_up  # noqa: E402
 from fleetctl.remote.agent import BEGIN, CHILD_RUNNER, END  # noqa: E402
@@ -51,7 +53,6 @@ BASE = "127.0.91.0"
 HOSTS = 8
 VERSION = "0.5.23"
 VENV = "/root/ml-env"
-WHEELS = ROOT / ".cache" / "wheels"
 SOURCE = ROOT / "fleetctl" / "remote" / "source.py"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")  # what paramiko negotiates: the like-for-like bound
@@ -60,15 +61,6 @@ TARGETS = {"a": 3.0, "b": 1.5}
 Job = Callable[[], float]
 
 
-def sglang_wheel() -> Path:
-    """The cached sglang wheel (the tests' cache), downloaded from PyPI on first use."""
-    found = sorted(WHEELS.glob(f"sglang-{VERSION}-*.whl"))
-    if not found:
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(WHEELS), f"sglang=={VERSION}"], check=True)
-        found = sorted(WHEELS.glob(f"sglang-{VERSION}-*.whl"))
-    return found[0]
 
 
 def rg_argv(folder: str, ignore_case: bool = False) -> list[str]:
@@ -123,7 +115,7 @@ def local_samples(runs: int) -> tuple[dict[str, list[float]], int]:
     """(a): unpack the wheel, agree on the answer, then alternate the two searches."""
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-site-") as tmp:
         site = Path(tmp)
-        with zipfile.ZipFile(sglang_wheel()) as zf:
+        with zipfile.ZipFile(cached_wheel("sglang", VERSION)) as zf:
             zf.extractall(site)
         folder = site / "sglang" / "srt"
         lines = len(subprocess.run(rg_argv(str(folder)), capture_output=True, check=True).stdout.splitlines())
@@ -137,7 +129,7 @@ def local_samples(runs: int) -> tuple[dict[str, list[float]], int]:
 def expected_lines() -> int:
     """The matching lines rg finds in the unpacked wheel's sglang/srt (what part (b) checks against)."""
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-site-") as tmp:
-        with zipfile.ZipFile(sglang_wheel()) as zf:
+        with zipfile.ZipFile(cached_wheel("sglang", VERSION)) as zf:
             zf.extractall(tmp)
         argv = rg_argv(str(Path(tmp) / "sglang" / "srt"))
         return len(subprocess.run(argv, capture_output=True, check=True).stdout.splitlines())
@@ -145,7 +137,7 @@ def expected_lines() -> int:
 
 def install_venvs(fleet: LabFleet) -> None:
     """Each host gets /root/ml-env with the wheel, as tests/sglang_support.py does it."""
-    wheel = sglang_wheel()
+    wheel = cached_wheel("sglang", VERSION)
     visible = fleet.directory / "wheels" / wheel.name  # the lab folder is readable from every host
     visible.parent.mkdir(parents=True, exist_ok=True)
     visible.write_bytes(wheel.read_bytes())

@@ -32,10 +32,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' wheel cache: sglang_support.wheel
 
 import jobs  # noqa: E402
 import peers  # noqa: E402
 import report  # noqa: E402
+from sglang_support import wheel as cached_wheel  # noqa: E402
 
 from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_up  # noqa: E402
 
@@ -45,7 +47,6 @@ VENV = "/root/ml-env"
 VENV_PY = f"{VENV}/bin/python"
 SYS_PY = "/usr/bin/python3"
 SGLANG = "0.5.23"
-WHEELS = ROOT / ".cache" / "wheels"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 # paramiko (fleetctl, pyinfra) and OpenSSH 9.2 agree on curve25519; OpenSSH alone picks sntrup761x25519.
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")
@@ -66,14 +67,6 @@ def host_counts(text: str) -> list[int]:
 
 # -- preparing the lab ---------------------------------------------------------------------------
 
-def sglang_wheel() -> Path:
-    found = sorted(WHEELS.glob(f"sglang-{SGLANG}-*.whl"))
-    if not found:
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(WHEELS), f"sglang=={SGLANG}"], check=True)
-        found = sorted(WHEELS.glob(f"sglang-{SGLANG}-*.whl"))
-    return found[0]
 
 
 def install_venvs(fleet: LabFleet) -> None:
@@ -83,7 +76,7 @@ def install_venvs(fleet: LabFleet) -> None:
     marker = f"{VENV}/.bench-sglang-{SGLANG}"
     first = paths.host_dir(fleet.hosts[0].name) / "root" / "ml-env"
     if not (first / f".bench-sglang-{SGLANG}").exists():
-        wheel = sglang_wheel()
+        wheel = cached_wheel("sglang", SGLANG)
         visible = fleet.directory / "wheels" / wheel.name  # the lab folder is readable from every host
         visible.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(wheel, visible)

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -220,3 +221,33 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
 def listeners_on(addresses: set[str]) -> list[tuple[str, int]]:
     """Every listening socket bound to one of these addresses, whoever owns it."""
     return sorted(_listen_inodes(addresses).values())
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone from /proc, or a zombie not yet reaped (orphans are reaped
+    late here, so a stopped process can linger as one that kill -0 still reports alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    """The pids still running after waiting up to ``seconds`` for all of them to exit."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(process_gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not process_gone(p)]
+
+
+def unhealthy_release_spec(folder: Path) -> Path:
+    """A release of the stand-in server (the GPU server's test double) whose /health answers 503:
+    its health gate always fails."""
+    spec = folder / "sick.yml"
+    spec.write_text(
+        'name: sick\nversion: "1"\nbase: {adopt: /root/ml-env}\n'
+        'service:\n  standin: true\n  args: [--standin-health-status, "503"]\n'
+        "health: {timeout: 3, interval: 0.2}\n"
+    )
+    return spec

@@ -6,11 +6,11 @@ import ast
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lab_support import wait_gone
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.transport.agent import AgentClient, bootstrap_command, module_source
@@ -97,22 +97,13 @@ def test_killed_agent_is_reported_then_restarted_once(agent: AgentClient) -> Non
         agent.call("selftest", {"action": "echo"})
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
 
 
 def test_timeout_stops_the_agent_and_no_hung_agent_outlives_it(agent: AgentClient) -> None:
     pid = agent.call("selftest", {"action": "echo"})["pid"]
     with pytest.raises(AgentError, match="no answer within 0.5s"):
         agent.call("selftest", {"action": "sleep", "seconds": 60}, timeout=0.5)
-    deadline = time.monotonic() + 5
-    while not _gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _gone(pid), "the hung agent is still running after its channel closed"
+    assert wait_gone([pid], 5) == [], "the hung agent is still running after its channel closed"
 
 
 def test_child_interpreter_runs_module_in_a_venv(agent: AgentClient, tmp_path: Path) -> None:

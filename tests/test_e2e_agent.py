@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import time
-from pathlib import Path
 
 import pytest
-from lab_support import LabHandle
+from lab_support import LabHandle, wait_gone
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.inventory import load_inventory
@@ -17,20 +15,8 @@ from fleetctl.transport.fleet import Fleet, HostContext
 pytestmark = pytest.mark.lab
 
 
-def _gone(pid: int) -> bool:
-    # Lab hosts share this machine's pid namespace, so their processes are visible here.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
 
 
-def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if not _gone(p)]
 
 
 def test_many_requests_one_agent_per_host_and_none_left_after(lab_fleet: LabHandle) -> None:
@@ -47,7 +33,7 @@ def test_many_requests_one_agent_per_host_and_none_left_after(lab_fleet: LabHand
         assert res.value is not None and len(res.value) == 1  # one agent process served all 30
         assert again[name].value in res.value  # and it was reused by the next fan-out
         pids.extend(res.value)
-    assert _wait_gone(pids) == [], "an agent outlived its run"
+    assert wait_gone(pids) == [], "an agent outlived its run"
 
 
 def test_remote_exception_is_structured_and_agent_goes_on(lab_fleet: LabHandle) -> None:
@@ -87,7 +73,7 @@ def test_hung_operation_times_out_and_its_agent_ends(lab_fleet: LabHandle) -> No
         pid = ctx.call("selftest", {"action": "echo"})["pid"]
         with pytest.raises(AgentError, match="no answer within 1s"):
             ctx.call("selftest", {"action": "sleep", "seconds": 120}, timeout=1)
-        assert _wait_gone([pid]) == [], "the hung agent survived its closed channel"
+        assert wait_gone([pid]) == [], "the hung agent survived its closed channel"
         assert ctx.call("selftest", {"action": "echo"})["pid"] != pid
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import run_cli
-from lab_support import LabHandle
+from lab_support import LabHandle, wait_gone
 
 from fleetctl.cli.context import AppContext
 from fleetctl.inventory import load_inventory
@@ -21,19 +21,8 @@ pytestmark = pytest.mark.lab
 PERSIST = RunSettings(persist=60)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
 
 
-def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if not _gone(p)]
 
 
 @pytest.fixture
@@ -62,7 +51,7 @@ def test_agents_are_kept_between_commands_and_stop_ends_them(lab_fleet: LabHandl
     assert kept is not None and sorted(k["host"] for k in kept) == sorted(lab_fleet.hosts)
     assert mux.stop_server(mux.socket_path(mux_dir)) == len(lab_fleet.hosts)
     assert not mux.socket_path(mux_dir).exists()
-    assert _wait_gone(list(first.values())) == [], "an agent outlived its kept connection"
+    assert wait_gone(list(first.values())) == [], "an agent outlived its kept connection"
 
 
 def test_cli_persist_ping_list_and_stop(lab_fleet: LabHandle, mux_dir: Path,
@@ -86,7 +75,7 @@ def test_cli_persist_ping_list_and_stop(lab_fleet: LabHandle, mux_dir: Path,
 def test_a_kept_agent_that_died_is_replaced_before_the_command(lab_fleet: LabHandle, mux_dir: Path) -> None:
     first = _agent_pids(lab_fleet.inventory_path, "lab1")
     os.kill(first["lab1"], signal.SIGKILL)  # lab hosts share this machine's pid namespace
-    assert _wait_gone([first["lab1"]]) == []
+    assert wait_gone([first["lab1"]]) == []
     again = _agent_pids(lab_fleet.inventory_path, "lab1")
     assert again["lab1"] != first["lab1"]  # a new connection and agent, and the command succeeded
 
@@ -161,4 +150,4 @@ def test_the_server_closes_everything_after_its_idle_time(lab_fleet: LabHandle, 
     while mux.socket_path(mux_dir).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not mux.socket_path(mux_dir).exists(), "the server outlived its idle time"
-    assert _wait_gone([int(pid)]) == [], "the host's agent outlived the server"
+    assert wait_gone([int(pid)]) == [], "the host's agent outlived the server"

@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from cli_support import CliRun, run_cli
-from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab
+from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab, unhealthy_release_spec
 from sglang_support import NEW_SGLANG, wheel
 from sglang_support import make_venv as make_sglang_venv
 
@@ -154,16 +153,7 @@ def test_repo_playbooks_provision_roll_out_audit_and_roll_back(lab: LabHandle, t
 
 def test_canary_failing_its_health_gate_stops_the_rollout(lab: LabHandle, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    sick = tmp_path / "sick.yml"
-    sick.write_text(textwrap.dedent("""\
-        name: sick
-        version: "1"
-        base: {adopt: /root/ml-env}
-        service:
-          standin: true
-          args: [--standin-health-status, "503"]
-        health: {timeout: 3, interval: 0.2}
-        """))
+    sick = unhealthy_release_spec(tmp_path)
     book = playbook(tmp_path, rollout([1, "100%"], spec=sick, on_failure="rollback_all"))
     r = run(capsys, lab, str(book))
     assert r.rc == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import run_cli
-from lab_support import LabHandle
+from lab_support import LabHandle, unhealthy_release_spec
 
 from fleetctl.inventory import load_inventory
 from fleetctl.release.spec import load_spec
@@ -93,16 +93,7 @@ def test_deploy_ddtree_then_roll_back(release_free_lab: LabHandle, capsys: pytes
 def test_failing_health_gate_rolls_that_host_back(release_free_lab: LabHandle, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(PLAIN))
-    sick = tmp_path / "sick.yml"
-    sick.write_text(textwrap.dedent("""\
-        name: sick
-        version: "1"
-        base: {adopt: /root/ml-env}
-        service:
-          standin: true
-          args: [--standin-health-status, "503"]
-        health: {timeout: 3, interval: 0.2}
-        """))
+    sick = unhealthy_release_spec(tmp_path)
     r = cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(sick), "--json")
     assert r.rc == 2
     lab1 = r.json()["hosts"]["lab1"]

@@ -38,12 +38,12 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import (
     AgentError,
-    CommandError,
     ConnectError,
     FleetError,
     HostError,
@@ -74,10 +74,15 @@ def mux_dir() -> Path:
 
 
 def socket_path(directory: Path | None = None) -> Path:
+    return (directory or mux_dir()) / f"fleetctl-{_server_code_digest()}.sock"
+
+
+@cache
+def _server_code_digest() -> str:
     digest = hashlib.sha256(str(PROTOCOL).encode())
     for path in _SERVER_CODE:
         digest.update(path.read_bytes())
-    return (directory or mux_dir()) / f"fleetctl-{digest.hexdigest()[:12]}.sock"
+    return digest.hexdigest()[:12]
 
 
 def private_dir(path: Path) -> Path:
@@ -143,8 +148,6 @@ def raise_payload(host: str, err: dict[str, Any]) -> None:
         raise HostKeyError(host, reason)
     if cls == "ConnectError":
         raise ConnectError(host, reason)
-    if cls == "CommandError":
-        raise CommandError(host, reason, None, "")
     if cls == "AgentError":
         raise AgentError(host, reason)
     raise AgentError(host, f"persistent-connection server: {cls}: {err.get('message', '')}")
@@ -154,13 +157,10 @@ def raise_payload(host: str, err: dict[str, Any]) -> None:
 _spawn_lock = threading.Lock()
 
 
-def connect(path: Path, persist: float, *, spawn: bool = True) -> socket.socket:
+def connect(path: Path, persist: float) -> socket.socket:
     """A socket to the server at ``path``, starting the server first when none answers."""
-    try:
+    with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
         return _dial(path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        if not spawn:
-            raise
     private_dir(path.parent)
     lock_fd = os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     with _spawn_lock, os.fdopen(lock_fd, "w") as lock:
@@ -187,7 +187,8 @@ def connect(path: Path, persist: float, *, spawn: bool = True) -> socket.socket:
                 break
             time.sleep(0.01)
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:] if log_path.exists() else []
-        raise FleetError(f"the persistent-connection server did not start ({log_path}): {' | '.join(tail)}")
+        raise FleetError(f"the persistent-connection server did not start (log: {log_path}): {' | '.join(tail)}; "
+                         "run without --persist / FLEETCTL_PERSIST meanwhile")
 
 
 def _dial(path: Path) -> socket.socket:
@@ -230,7 +231,8 @@ class MuxAgentClient:
                                         "interpreters": self.interpreters, "persist": self.persist})
             except (OSError, EOFError, ValueError) as exc:
                 sock.close()
-                raise AgentError(self.host, f"persistent-connection server failed: {exc}") from None
+                raise AgentError(self.host, f"persistent-connection server failed ({exc}); "
+                                            "`fleetctl connections stop` restarts it") from None
             if not answer.get("ok"):
                 sock.close()
                 raise_payload(self.host, answer.get("error") or {})
@@ -245,7 +247,8 @@ class MuxAgentClient:
                 answer = request(sock, msg)
             except (OSError, EOFError, ValueError) as exc:
                 self._drop()
-                raise AgentError(self.host, f"persistent-connection server failed: {exc}") from None
+                raise AgentError(self.host, f"persistent-connection server failed ({exc}); "
+                                            "`fleetctl connections stop` restarts it") from None
             if not answer.get("ok"):
                 raise_payload(self.host, answer.get("error") or {})
             return answer.get("result")
