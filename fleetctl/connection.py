@@ -1,9 +1,12 @@
 """How to reach a host: connection settings read from its merged vars, checked at load time.
 
 Ansible's connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``,
-``ansible_ssh_private_key_file``, ``ansible_python_interpreter``, ``ansible_connection``,
-``ansible_timeout``, a bastion in ``ansible_ssh_common_args``) plus fleetctl's ``jump_host``,
-``fleetctl_known_hosts`` and ``venv``.
+``ansible_ssh_private_key_file``, ``ansible_password``, ``ansible_python_interpreter``,
+``ansible_connection``, ``ansible_timeout``, a bastion in ``ansible_ssh_common_args``, the
+``ansible_become*`` variables) plus fleetctl's ``jump_host``, ``fleetctl_known_hosts`` and
+``venv``. What is not set here stays ``None``: ssh_config and the CLI fill it in later
+(``transport/target.py``). Any other ``ansible_*`` variable is refused (``unknown_ansible_var``),
+so none is silently ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,14 +31,44 @@ class ConnectionSpec:
 
     kind: Literal["ssh", "local"]
     hostname: str
-    port: int = 22
-    user: str | None = None
+    port: int | None = None  # None: ssh_config's, else 22
+    user: str | None = None  # None: ssh_config's, else -u, else the local user
     key_file: str | None = None
     python: str | None = None
-    jump: str | None = None  # [user@]host[:port]
+    jump: str | None = None  # [user@]host[:port], comma-separated for a chain
     known_hosts: str | None = None
     connect_timeout: float = 10.0
     venv: str | None = None
+    proxy_command: str | None = None
+    password: str | None = field(default=None, repr=False)  # a secret, like the two below
+    key_passphrase: str | None = field(default=None, repr=False)
+    become: bool | None = None  # None: not set in the inventory (the CLI or the play decides)
+    become_user: str | None = None
+    become_password: str | None = field(default=None, repr=False)
+
+
+# Every ansible_* variable fleetctl reads; any other one is an input error, never ignored.
+ANSIBLE_VARS = frozenset({
+    "ansible_connection", "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port",
+    "ansible_user", "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
+    "ansible_python_interpreter", "ansible_timeout", "ansible_ssh_timeout", "ansible_ssh_common_args",
+    "ansible_ssh_extra_args", "ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
+    "ansible_ssh_private_key_passphrase", "ansible_become", "ansible_become_user", "ansible_become_method",
+    "ansible_become_password", "ansible_become_pass", "ansible_group_priority",
+    "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_ssh_pipelining", "ansible_pipelining",
+})
+# Secrets by their nature: masked wherever vars are shown, without being listed in secret_vars.
+SECRET_ANSIBLE_VARS = frozenset({
+    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_ssh_private_key_passphrase",
+    "ansible_become_password", "ansible_become_pass",
+})
+
+
+def unknown_ansible_var(name: str) -> str | None:
+    """Why an ``ansible_*`` variable cannot be used, or None when fleetctl reads it (or it is not one)."""
+    if not name.startswith("ansible_") or name in ANSIBLE_VARS:
+        return None
+    return f"{name} is not a connection variable fleetctl implements (see README: Inventory); remove or rename it"
 
 
 def describe_type(value: Any) -> str:
@@ -65,18 +98,54 @@ def _parse_connection(base: Path, host: str, v: Mapping[str, Any]) -> Connection
     secrets = v.get("secret_vars")
     if secrets is not None and not (isinstance(secrets, list) and all(isinstance(n, str) for n in secrets)):
         raise _BadVar(f"secret_vars must be a list of variable names, got {describe_type(secrets)}")
+    for name in ("ansible_host_key_checking", "ansible_ssh_host_key_checking"):
+        if name in v and _flag(v, name) is not True:
+            raise _BadVar(f"{name}: fleetctl always checks host keys; pin them with `fleetctl hosts trust`")
+    method = _text(v, "ansible_become_method") or "sudo"
+    if method != "sudo":
+        raise _BadVar(f"ansible_become_method '{method}' is not supported (fleetctl becomes with sudo)")
+    port_var = "ansible_port" if "ansible_port" in v else "ansible_ssh_port"
+    jump, proxy_command = _jump(v)
     return ConnectionSpec(
         kind=_CONNECTIONS[kind_name],
         hostname=hostname,
-        port=_port(v, "ansible_port" if "ansible_port" in v else "ansible_ssh_port", 22),
+        port=_port(v, port_var, 22) if port_var in v else None,
         user=_text(v, "ansible_user") or _text(v, "ansible_ssh_user"),
         key_file=_path(v, "ansible_ssh_private_key_file", base) or _path(v, "ansible_private_key_file", base),
         python=_text(v, "ansible_python_interpreter"),
-        jump=_jump(v),
+        jump=jump,
         known_hosts=_path(v, "fleetctl_known_hosts", base),
         connect_timeout=_timeout(v),
         venv=_text(v, "venv"),
+        proxy_command=proxy_command,
+        password=_first(v, "ansible_password", "ansible_ssh_pass", "ansible_ssh_password"),
+        key_passphrase=_text(v, "ansible_ssh_private_key_passphrase"),
+        become=_flag(v, "ansible_become"),
+        become_user=_text(v, "ansible_become_user"),
+        become_password=_first(v, "ansible_become_password", "ansible_become_pass"),
     )
+
+
+def _first(v: Mapping[str, Any], *names: str) -> str | None:
+    for name in names:
+        if v.get(name) is not None:
+            return _text(v, name)
+    return None
+
+
+_TRUE = {"true", "yes", "on", "1", "y", "t"}
+_FALSE = {"false", "no", "off", "0", "n", "f"}
+
+
+def _flag(v: Mapping[str, Any], var: str) -> bool | None:
+    """A boolean var as Ansible reads one (true/yes/on/1, false/no/off/0), None when unset."""
+    value = v.get(var)
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise _BadVar(f"{var} must be a boolean (true or false), got {value!r}")
 
 
 def _text(v: Mapping[str, Any], var: str) -> str | None:
@@ -113,38 +182,39 @@ def _timeout(v: Mapping[str, Any]) -> float:
     return seconds
 
 
-def _jump(v: Mapping[str, Any]) -> str | None:
-    """The jump host: var jump_host, else -J / ProxyJump / ProxyCommand in the ssh args."""
+def _jump(v: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(jump hosts, proxy command): var jump_host, else -J / ProxyJump / ProxyCommand in the ssh args."""
     if v.get("jump_host") is not None:
-        return _check_jump(_text(v, "jump_host") or "", "jump_host")
+        return _check_jump(_text(v, "jump_host") or "", "jump_host"), None
     for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         args = _text(v, var)
-        found = _jump_in_args(args, var) if args else None
-        if found:
-            return _check_jump(found, var)
-    return None
+        kind, found = _jump_in_args(args, var) if args else (None, None)
+        if kind == "jump" and found:
+            return _check_jump(found, var), None
+        if kind == "command" and found:
+            return None, found
+    return None, None
 
 
-def _jump_in_args(args: str, var: str) -> str | None:
+def _jump_in_args(args: str, var: str) -> tuple[str | None, str | None]:
     try:
         tokens = shlex.split(args)
     except ValueError as exc:
         raise _BadVar(f"{var} cannot be split like a shell line: {exc}") from None
     for i, token in enumerate(tokens):
         if token.startswith("-J"):
-            return token[2:] or _next(tokens, i, var)
+            return "jump", token[2:] or _next(tokens, i, var)
         if not token.startswith("-o"):
             continue
         option = token[2:] or _next(tokens, i, var)
         key, sep, value = option.partition("=")
         if not sep:
             key, _, value = option.partition(" ")
-        if key.strip().lower() == "proxyjump":
+        if key.strip().lower() in ("proxyjump", "proxycommand"):
+            kind = "jump" if key.strip().lower() == "proxyjump" else "command"
             value = value.strip() or _next(tokens, i + (0 if token[2:] else 1), var)
-            return None if value.lower() == "none" else value
-        if key.strip().lower() == "proxycommand":  # ignoring it would skip the bastion silently
-            raise _BadVar(f"{var}: ProxyCommand is not supported; use jump_host or -o ProxyJump=HOST")
-    return None
+            return (None, None) if value.lower() == "none" else (kind, value)
+    return None, None
 
 
 def _next(tokens: Sequence[str], i: int, var: str) -> str:
@@ -153,14 +223,21 @@ def _next(tokens: Sequence[str], i: int, var: str) -> str:
     return tokens[i + 1]
 
 
-def _check_jump(jump: str, var: str) -> str:
-    user, _, rest = jump.rpartition("@")
-    host, _, port = rest.partition(":")
-    what = f"jump host '{jump}'" + ("" if var == "jump_host" else f" (from {var})")
-    if "," in jump:
-        raise _BadVar(f"{what}: chained jump hosts are not supported (use one [user@]host[:port])")
-    if not host or (not user and "@" in jump) or " " in jump or (port and not port.isdigit()):
-        raise _BadVar(f"{what} must look like [user@]host[:port]")
-    if port and not 1 <= int(port) <= 65535:
-        raise _BadVar(f"{what} has a bad port (expected 1-65535)")
+def check_jump(jump: str, where: str) -> str:
+    """``[user@]host[:port]``, or several of them comma-separated (a chain, first hop first)."""
+    for hop in jump.split(","):
+        user, _, rest = hop.rpartition("@")
+        host, _, port = rest.partition(":")
+        what = f"jump host '{hop}'" + (f" (from {where})" if where else "")
+        if not host or (not user and "@" in hop) or " " in hop or (port and not port.isdigit()):
+            raise ValueError(f"{what} must look like [user@]host[:port]")
+        if port and not 1 <= int(port) <= 65535:
+            raise ValueError(f"{what} has a bad port (expected 1-65535)")
     return jump
+
+
+def _check_jump(jump: str, var: str) -> str:
+    try:
+        return check_jump(jump, "" if var == "jump_host" else var)
+    except ValueError as exc:
+        raise _BadVar(str(exc)) from None

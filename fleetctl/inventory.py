@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from fleetctl.connection import ConnectionSpec, connection_spec, describe_type
+from fleetctl.connection import ConnectionSpec, connection_spec, describe_type, unknown_ansible_var
 from fleetctl.errors import InputError, InventoryError
 from fleetctl.patterns import HostIndex, RangeError, expand_host_range, select_names, split_host_port
 from fleetctl.yamlfile import check_expansion, no_duplicate_keys
@@ -139,6 +139,10 @@ def merge_vars(
 def load_inventory(path: str | Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
     """Load an Ansible YAML inventory file with group_vars/ and host_vars/ beside it."""
     inv_path = Path(path)
+    for key in extra_vars or {}:
+        why = unknown_ansible_var(str(key))
+        if why:
+            raise InventoryError(f"-e {key}: {why}")
     data, lines, top_line = _read_inventory(inv_path)
     parser = _Parser(inv_path, lines)
     parser.parse_top(data, top_line)
@@ -258,8 +262,9 @@ class _VarsDir:
     """group_vars/ or host_vars/: NAME, NAME.yml, NAME.yaml or NAME.json (first found), or a
     folder NAME/ whose files are merged in sorted order, recursively, as Ansible does."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, kind: str) -> None:
         self.root = root
+        self.kind = kind  # "group" or "host", for messages
         self.entries = set(os.listdir(root)) if root.is_dir() else set()
 
     def load(self, name: str) -> dict[str, Any]:
@@ -272,8 +277,21 @@ class _VarsDir:
             return {}
         merged: dict[str, Any] = {}
         for file in files:
-            merged.update(_load_vars_file(file))
+            values = _load_vars_file(file)
+            for key in values:
+                why = unknown_ansible_var(str(key))
+                if why:
+                    raise InventoryError(f"{file}:{_key_line(file, str(key))}: {self.kind} '{name}': {why}")
+            merged.update(values)
         return merged
+
+
+def _key_line(path: Path, key: str) -> int:
+    """The line of a top-level key in a vars file (looked up only to name an error)."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.split(":", 1)[0].strip().strip("\"'") == key:
+            return number
+    return 1
 
 
 def _dir_files(folder: Path) -> list[Path]:
@@ -361,7 +379,14 @@ class _Parser:
             raise self.error(line, f"'{key}' of group '{group}' must be a mapping, got {describe_type(value)}{hint}")
         return value
 
+    def check_ansible_vars(self, owner: str, values: Mapping[Any, Any]) -> None:
+        for key in values:
+            why = unknown_ansible_var(str(key))
+            if why:
+                raise self.error(self.lines.of(values, key), f"{owner}: {why}")
+
     def set_group_vars(self, group: _G, values: dict[Any, Any]) -> None:
+        self.check_ansible_vars(f"group '{group.name}'", values)
         for key, value in values.items():
             if key != "ansible_group_priority":
                 group.vars[key] = value
@@ -384,6 +409,7 @@ class _Parser:
                                  f"got {describe_type(host_vars)}")
             if not key.strip() or any(ord(c) < 32 or ord(c) == 127 for c in key):
                 raise self.error(line, f"host name {key!r} in group '{group}' is empty or holds control characters")
+            self.check_ansible_vars(f"host '{key}'", host_vars or {})
             name, port = split_host_port(key)
             try:
                 names = expand_host_range(name)
@@ -437,7 +463,7 @@ def _build(path: Path, parser: _Parser, extra_vars: Mapping[str, Any]) -> Invent
             depth[name] = max((depth_of(p) + 1 for p in raw[name].parents), default=0)
         return depth[name]
 
-    group_files = _VarsDir(path.parent / "group_vars")
+    group_files = _VarsDir(path.parent / "group_vars", "group")
     layers = {
         g.name: VarLayer(g.name, depth_of(g.name), g.priority, g.vars, group_files.load(g.name))
         for g in raw.values()
@@ -452,7 +478,7 @@ def _build(path: Path, parser: _Parser, extra_vars: Mapping[str, Any]) -> Invent
         for h in g.hosts:
             member_of[h].add(g.name)
     ancestors = _ancestors(raw)
-    host_files = _VarsDir(path.parent / "host_vars")
+    host_files = _VarsDir(path.parent / "host_vars", "host")
     hosts: dict[str, Host] = {}
     for name, inline in parser.hosts.items():
         names = set().union(*(ancestors[g] | {g} for g in member_of[name])) | {"all"}

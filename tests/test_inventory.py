@@ -84,7 +84,7 @@ def test_ranges_and_ports_in_inventory(tmp_path: Path) -> None:
     assert list(inv.hosts) == ["mgmt1", "mgmt2", "ipmi1", "ipmi2"] + [f"gpu0{i}" for i in range(1, 9)]
     assert inv.hosts["mgmt2"].connection.port == 2200
     assert inv.hosts["ipmi1"].vars["ansible_port"] == 2201  # inline vars beat the key's :port
-    assert inv.hosts["gpu08"].connection.port == 22
+    assert inv.hosts["gpu08"].connection.port is None  # unset: ssh_config decides, else 22
 
 
 # --- structure -----------------------------------------------------------------------------
@@ -505,7 +505,7 @@ def conn(tmp_path: Path, host_vars: str) -> ConnectionSpec:
 
 
 def test_connection_defaults(tmp_path: Path) -> None:
-    assert conn(tmp_path, "") == ConnectionSpec(kind="ssh", hostname="h1", port=22, user=None, key_file=None,
+    assert conn(tmp_path, "") == ConnectionSpec(kind="ssh", hostname="h1", port=None, user=None, key_file=None,
                                                 python=None, jump=None, known_hosts=None, connect_timeout=10.0,
                                                 venv=None)
 

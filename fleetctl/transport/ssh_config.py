@@ -1,0 +1,124 @@
+"""The user's OpenSSH client configuration, read as ``ssh`` reads it.
+
+``~/.ssh/config`` first, then ``/etc/ssh/ssh_config`` (the first value found for a keyword
+wins, as in OpenSSH), with ``Include`` expanded (paramiko's parser has no Include): relative
+paths are relative to ``~/.ssh`` in the user's file and to ``/etc/ssh`` in the system's,
+globs sorted, at most 16 levels deep. ``FLEETCTL_SSH_CONFIG`` names another user file
+(``none``: read no ssh_config at all), as ``ssh -F`` does.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import InputError
+
+SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
+MAX_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+_INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.I)
+_BLOCK = re.compile(r"^\s*(host|match)(?:\s*=\s*|\s+)", re.I)
+
+
+@dataclass(frozen=True)
+class SSHConfigEntry:
+    """What ssh_config says for one destination name (``None``: it says nothing)."""
+
+    hostname: str
+    user: str | None = None
+    port: int | None = None
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    host_key_alias: str | None = None
+    source: str = ""  # the files read, for messages
+
+
+def user_config_path() -> Path | None:
+    configured = os.environ.get("FLEETCTL_SSH_CONFIG")
+    if configured:
+        return None if configured.lower() == "none" else Path(configured).expanduser()
+    return Path("~/.ssh/config").expanduser()
+
+
+def expand_includes(path: Path, base: Path, depth: int = 0) -> Iterator[str]:
+    """The lines of ``path`` with every ``Include`` replaced by the lines it names.
+
+    An Include inside a Host or Match block applies within it, so the block's own header is
+    repeated after the included lines: what follows the Include stays in the block it was in."""
+    if depth > MAX_DEPTH:
+        raise InputError(f"{path}: Include nested more than {MAX_DEPTH} deep")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ssh config: {exc.strerror or exc}") from None
+    block: str | None = None
+    for line in text.splitlines():
+        found = _INCLUDE.match(line)
+        if not found:
+            if _BLOCK.match(line):
+                block = line
+            yield line
+            continue
+        for pattern in _split_words(found.group(1)):
+            full = Path(os.path.expanduser(pattern))
+            full = full if full.is_absolute() else base / full
+            for match in sorted(glob.glob(str(full))):
+                if Path(match).is_file():
+                    yield from expand_includes(Path(match), base, depth + 1)
+        if block is not None:
+            yield block
+
+
+def _split_words(value: str) -> list[str]:
+    return [w.strip('"') for w in re.findall(r'"[^"]*"|\S+', value)]
+
+
+@cache
+def load(user_path: Path | None, system_path: Path = SYSTEM_CONFIG) -> Any:
+    """A paramiko ``SSHConfig`` of the user's file then the system's (missing files are empty)."""
+    import paramiko
+
+    lines: list[str] = []
+    sources = []
+    for path, base in ((user_path, Path("~/.ssh").expanduser()), (system_path, system_path.parent)):
+        if path is not None and path.is_file():
+            sources.append(str(path))
+            lines += [*expand_includes(path, base), "Host *"]  # each file's tail stays its own
+    try:
+        config = paramiko.SSHConfig.from_text("\n".join(lines))
+    except Exception as exc:  # paramiko's ConfigParseError and friends name the line
+        raise InputError(f"{' + '.join(sources)}: {exc}") from None
+    config.fleetctl_sources = " + ".join(sources)
+    return config
+
+
+def lookup(name: str, config: Any = None) -> SSHConfigEntry:
+    """ssh_config's settings for the destination ``name`` (a host alias or address)."""
+    config = config if config is not None else load(user_config_path())
+    try:
+        found = config.lookup(name)
+    except Exception as exc:  # Match exec failing, a bad token: one line naming the files
+        raise InputError(f"{getattr(config, 'fleetctl_sources', 'ssh config')}: host {name!r}: {exc}") from None
+    port = found.get("port")
+    if port is not None and not (str(port).isdigit() and 1 <= int(port) <= 65535):
+        raise InputError(f"{config.fleetctl_sources}: host {name!r}: Port {port!r} is not 1-65535")
+    jump = found.get("proxyjump")
+    return SSHConfigEntry(
+        hostname=found.get("hostname") or name,
+        user=found.get("user"),
+        port=int(port) if port is not None else None,
+        identity_files=tuple(os.path.expanduser(p) for p in found.get("identityfile") or ()),
+        identities_only=str(found.get("identitiesonly", "no")).lower() == "yes",
+        proxy_jump=None if jump is None or jump.lower() == "none" else jump,
+        proxy_command=found.get("proxycommand") or None,
+        host_key_alias=found.get("hostkeyalias"),
+        source=getattr(config, "fleetctl_sources", ""),
+    )
