@@ -70,6 +70,10 @@ class CommandError(HostError):
         self.stderr_tail = stderr_tail
 
 
+class BecomeError(HostError):
+    """sudo refused or could not be answered on the host (its result is 'failed')."""
+
+
 class AgentError(HostError):
     """The remote agent died or broke its protocol."""
 

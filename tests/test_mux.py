@@ -9,13 +9,13 @@ import pytest
 
 from fleetctl.errors import AgentError, ConnectError, HostKeyError, InputError, RemoteOperationError
 from fleetctl.transport import mux
-from fleetctl.transport.ssh import SSHTarget
+from fleetctl.transport.target import Become, SSHTarget
 
 
 def _target(tmp_path: Path, **over: object) -> SSHTarget:
     known = tmp_path / "known_hosts"
     known.touch()
-    fields: dict[str, object] = dict(hostname="10.0.0.1", port=22, user="root", key_file=None, known_hosts=known,
+    fields: dict[str, object] = dict(hostname="10.0.0.1", port=22, user="root", known_hosts=known,
                                      connect_timeout=10.0)
     fields.update(over)
     return SSHTarget(**fields)  # type: ignore[arg-type]
@@ -28,6 +28,10 @@ def test_a_connection_key_changes_with_whatever_decides_the_connection(tmp_path:
     assert mux.entry_key("gpu2", doc, ["python3"]) != base
     assert mux.entry_key("gpu1", {**doc, "port": 2222}, ["python3"]) != base
     assert mux.entry_key("gpu1", doc, ["/opt/venv/bin/python", "python3"]) != base
+    become = mux.target_doc(_target(tmp_path, become=Become("root")))
+    assert mux.entry_key("gpu1", become, ["python3"]) != base  # an agent under sudo is another agent
+    other = mux.target_doc(_target(tmp_path, become=Become("svc")))
+    assert mux.entry_key("gpu1", other, ["python3"]) != mux.entry_key("gpu1", become, ["python3"])
     known = Path(doc["known_hosts"])
     known.write_text("10.0.0.1 ssh-ed25519 AAAA\n")  # re-pinned or revoked: a new, checked connection
     assert mux.entry_key("gpu1", doc, ["python3"]) != base
@@ -35,7 +39,7 @@ def test_a_connection_key_changes_with_whatever_decides_the_connection(tmp_path:
 
 def test_a_target_travels_intact_with_its_bastion(tmp_path: Path) -> None:
     jump = _target(tmp_path, hostname="bastion", port=2200, user="ops")
-    target = _target(tmp_path, key_file="/root/.ssh/id_ed25519", jump=jump)
+    target = _target(tmp_path, key_files=("/root/.ssh/id_ed25519",), jump=jump, become=Become("root", "pw"))
     assert mux.target_from_doc(mux.target_doc(target)) == target
 
 

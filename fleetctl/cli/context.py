@@ -9,7 +9,8 @@ from fleetctl.errors import InputError
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Host, Inventory
-    from fleetctl.transport.fleet import Fleet
+    from fleetctl.transport.fleet import Fleet, RunSettings
+    from fleetctl.transport.target import ConnectOptions
 
 
 @dataclass
@@ -22,6 +23,7 @@ class AppContext:
     extra_vars: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     persist: float = 0.0
+    connect: ConnectOptions | None = None  # -u, --private-key, -b, --become-user, -K
     _inventory: Inventory | None = None
 
     @property
@@ -37,11 +39,18 @@ class AppContext:
     def selected_hosts(self, limit: str | None = None) -> list[Host]:
         return self.inventory.select(limit if limit is not None else self.limit)
 
+    def run_settings(self, **overrides: Any) -> RunSettings:
+        from fleetctl.transport.fleet import RunSettings
+        from fleetctl.transport.target import ConnectOptions
+
+        fields: dict[str, Any] = {"forks": self.forks, "command_timeout": self.timeout,
+                                  "connect": self.connect or ConnectOptions(), **overrides}
+        return RunSettings(**fields)
+
     def fleet(self, limit: str | None = None, *, read_only: bool = False) -> Fleet:
         """The selected hosts' fleet. Only ``read_only`` commands use kept connections (``--persist``):
         a change always runs on connections of its own, so nothing it holds outlives it."""
-        from fleetctl.transport.fleet import Fleet, RunSettings
+        from fleetctl.transport.fleet import Fleet
 
-        settings = RunSettings(forks=self.forks, command_timeout=self.timeout,
-                               persist=self.persist if read_only else 0.0)
+        settings = self.run_settings(persist=self.persist if read_only else 0.0)
         return Fleet(self.inventory, self.selected_hosts(limit), settings)

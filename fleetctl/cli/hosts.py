@@ -40,7 +40,7 @@ def trust(app: AppContext, replace: bool) -> int:
     """Fetch each host's SSH key, show its fingerprint and pin it in known_hosts."""
     from fleetctl.trust import trust_hosts
 
-    results = trust_hosts(app.inventory, app.selected_hosts(), replace=replace)
+    results = trust_hosts(app.inventory, app.selected_hosts(), replace=replace, settings=app.run_settings())
     if app.json:
         render.emit_json(render.results_json(results, lambda k: {
             "name": k.name, "type": k.key_type, "fingerprint": k.fingerprint, "state": k.state}))

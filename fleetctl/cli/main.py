@@ -57,17 +57,28 @@ class LazyGroup(click.Group):
 @click.option("--persist", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS", envvar="FLEETCTL_PERSIST",
               help="Keep SSH connections and agents this long after a read-only command (ping, facts, probe, "
                    "drift, status, releases) for the next ones, like ControlPersist; 0: off. Env: FLEETCTL_PERSIST.")
+@click.option("-u", "--user", metavar="USER", help="Log in as USER where the inventory sets no ansible_user "
+              "(else ssh_config's User, else your local user).")
+@click.option("--private-key", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Key file where the inventory sets no ansible_ssh_private_key_file.")
+@click.option("-b", "--become", is_flag=True, help="Run as --become-user (root) through sudo where the inventory "
+              "sets no ansible_become.")
+@click.option("--become-user", metavar="USER", help="The user to become (default root).")
+@click.option("-K", "--ask-become-pass", is_flag=True, help="Ask for the sudo password once, before connecting.")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks: int, as_json: bool,
-        extra_vars: dict[str, object], timeout: float, persist: float, verbose: int) -> None:
+        extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
+        become: bool, become_user: str | None, ask_become_pass: bool, verbose: int) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist)
+    connect = options.connect_options(user, private_key, become, become_user, ask_become_pass)
+    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
+                         connect)
 
 
 def _crash_log() -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -13,6 +13,9 @@ from fleetctl.cli.context import AppContext
 from fleetctl.errors import ExitCode
 from fleetctl.probes import Expect, check_expectation
 from fleetctl.transport.base import HostResult
+
+if TYPE_CHECKING:
+    from fleetctl.transport.target import ConnectOptions
 
 
 def parse_extra_vars(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -88,3 +91,16 @@ def finish(results: dict[str, HostResult[Any]], expect: str | None, found: Any, 
     if code == ExitCode.OK and not report.ok:
         return int(ExitCode.BAD_ANSWER)
     return code
+
+
+def connect_options(user: str | None, private_key: str | None, become: bool, become_user: str | None,
+                    ask_become_pass: bool) -> ConnectOptions:
+    """The CLI's connection defaults; ``-K`` asks for the password once, on the terminal (hidden)."""
+    from fleetctl.transport.target import ConnectOptions
+
+    password = None
+    if ask_become_pass:
+        password = click.prompt("BECOME password", hide_input=True, err=True, default="", show_default=False)
+    key = str(Path(private_key).expanduser().absolute()) if private_key else None
+    return ConnectOptions(user=user, private_key=key, become=become or become_user is not None,
+                          become_user=become_user, become_password=password)

@@ -45,7 +45,6 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.playbook.schema import load_playbook
     from fleetctl.secrets import Redactor
-    from fleetctl.transport.fleet import RunSettings
 
     app.extra_vars.update(extra_vars)
     playbook = load_playbook(playbook_path)
@@ -69,7 +68,7 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
                          start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
                          resume_events=events, rollback_timeout=rollback_timeout, command=command)
     printer = Printer(app.json, show_diff)
-    runner = Runner(inventory, playbook, options, RunSettings(forks=app.forks, command_timeout=app.timeout),
+    runner = Runner(inventory, playbook, options, app.run_settings(),
                     journal, printer.on_event)
     previous = _install_interrupt(runner, printer)
     try:

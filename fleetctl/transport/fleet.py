@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleetctl.errors import ConnectError, FleetError
+from fleetctl.errors import ConnectError, FleetError, InputError
 from fleetctl.transport import hostkeys
 from fleetctl.transport.agent import AgentClient, AgentInfo
 from fleetctl.transport.base import CommandResult, Connector, HostResult, Status
+from fleetctl.transport.target import Become, ConnectOptions, SSHTarget, resolve_become, resolve_target
 
 if TYPE_CHECKING:
     from fleetctl.connection import ConnectionSpec
     from fleetctl.inventory import Host, Inventory
     from fleetctl.transport.mux import MuxAgentClient
-    from fleetctl.transport.ssh import SSHTarget
 
 T = TypeVar("T")
 log = logging.getLogger("fleetctl.transport")
@@ -36,6 +36,9 @@ class RunSettings:
     command_timeout: float | None = 600.0
     connect_timeout: float | None = None  # None: each host's ansible_timeout
     persist: float = 0.0  # > 0: agent requests go through the kept connections (transport/mux.py)
+    connect: ConnectOptions = ConnectOptions()  # -u, --private-key, -b, --become-user, -K
+    become: bool | None = None  # a play's or task's `become` keyword (beats -b, loses to the inventory)
+    become_user: str | None = None
 
 
 def interpreters(spec: ConnectionSpec) -> list[str]:
@@ -46,31 +49,14 @@ def interpreters(spec: ConnectionSpec) -> list[str]:
     return found + ["python3", "/usr/bin/python3"]
 
 
+def host_become(spec: ConnectionSpec, settings: RunSettings) -> Become | None:
+    return resolve_become(spec, settings.connect, settings.become, settings.become_user)
+
+
 def ssh_target(inventory: Inventory, spec: ConnectionSpec, settings: RunSettings) -> SSHTarget:
-    from fleetctl.transport.ssh import SSHTarget
-
-    timeout = settings.connect_timeout or spec.connect_timeout
-    jump = None
-    if spec.jump:
-        jump_spec = _jump_spec(inventory, spec)
-        jump = ssh_target(inventory, jump_spec, settings)
-    return SSHTarget(
-        hostname=spec.hostname, port=spec.port, user=spec.user or "root", key_file=spec.key_file,
-        known_hosts=hostkeys.known_hosts_file(inventory.path, spec.known_hosts),
-        connect_timeout=timeout, jump=jump,
-    )
-
-
-def _jump_spec(inventory: Inventory, spec: ConnectionSpec) -> ConnectionSpec:
-    """A bastion named like an inventory host uses that host's settings; else ``[user@]host[:port]``."""
-    from dataclasses import replace
-
-    assert spec.jump is not None
-    if spec.jump in inventory.hosts:
-        return replace(inventory.hosts[spec.jump].connection, jump=None)
-    user, _, rest = spec.jump.rpartition("@")
-    hostname, _, port = rest.partition(":")
-    return replace(spec, hostname=hostname, port=int(port or 22), user=user or spec.user, jump=None)
+    """The host's resolved SSH target (``transport/target.py`` says how settings combine)."""
+    return resolve_target(inventory, spec, settings.connect, settings.connect_timeout,
+                          host_become(spec, settings))
 
 
 class HostContext:
@@ -118,6 +104,9 @@ def make_connector(inventory: Inventory, host: Host, settings: RunSettings) -> C
     if spec.kind == "local":
         from fleetctl.transport.local import LocalConnector
 
+        if host_become(spec, settings) is not None:
+            raise InputError(f"{host.name}: become on a local connection is not supported: "
+                             "run fleetctl itself as the user you need (sudo fleetctl ...)")
         return LocalConnector(host.name)
     from fleetctl.transport.ssh import SSHConnector
 

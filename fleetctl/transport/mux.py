@@ -279,11 +279,13 @@ def target_doc(target: SSHTarget) -> dict[str, Any]:
 
 
 def target_from_doc(doc: dict[str, Any]) -> SSHTarget:
-    from fleetctl.transport.ssh import SSHTarget
+    from fleetctl.transport.target import Become, SSHTarget
 
-    jump = target_from_doc(doc["jump"]) if doc.get("jump") else None
-    return SSHTarget(hostname=doc["hostname"], port=int(doc["port"]), user=doc["user"], key_file=doc["key_file"],
-                     known_hosts=Path(doc["known_hosts"]), connect_timeout=float(doc["connect_timeout"]), jump=jump)
+    return SSHTarget(**{
+        **doc, "known_hosts": Path(doc["known_hosts"]), "key_files": tuple(doc["key_files"]),
+        "jump": target_from_doc(doc["jump"]) if doc.get("jump") else None,
+        "become": Become(**doc["become"]) if doc.get("become") else None,
+    })
 
 
 def server_status(path: Path | None = None) -> list[dict[str, Any]] | None:
@@ -327,7 +329,7 @@ def entry_key(host: str, target: dict[str, Any], interpreters: list[str]) -> str
     parts: list[Any] = [host, target, interpreters]
     hop: dict[str, Any] | None = target
     while hop:
-        parts += [_file_key(hop.get("known_hosts")), _file_key(hop.get("key_file"))]
+        parts += [_file_key(hop.get("known_hosts")), *(_file_key(k) for k in hop.get("key_files") or ())]
         hop = hop.get("jump")
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

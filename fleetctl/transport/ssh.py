@@ -1,7 +1,10 @@
 """SSH connector on Fabric: one lazily opened connection per host, reused for the whole run.
 
-Host keys are checked against the inventory's known_hosts (Fabric's default AutoAddPolicy
-is replaced). A bastion (``jump_host`` or ``-o ProxyJump=``) goes through Fabric's gateway.
+The target comes resolved (``transport/target.py``: inventory, CLI and ssh_config combined).
+Host keys are checked against the inventory's known_hosts on every hop (Fabric's default
+AutoAddPolicy is replaced). A bastion chain goes through Fabric gateways, one per hop, each
+opened here so its failure names that hop; a ProxyCommand is Fabric's string gateway. With
+become, commands and the agent start under sudo (``transport/become.py``).
 """
 
 from __future__ import annotations
@@ -9,14 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import CommandError, ConnectError, HostKeyError
-from fleetctl.transport import hostkeys
+from fleetctl.transport import become, hostkeys
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
+from fleetctl.transport.target import SSHTarget
+
+__all__ = ["SSHConnector", "SSHTarget", "ChannelStream"]
 
 PID_TAG = "@@FLEETCTL-PID "
 
@@ -45,19 +49,6 @@ class _PidReader:
         return line + sep + rest
 
 
-@dataclass(frozen=True)
-class SSHTarget:
-    """Where and as whom to connect; ``jump`` is the bastion's own target, if any."""
-
-    hostname: str
-    port: int
-    user: str
-    key_file: str | None
-    known_hosts: Path
-    connect_timeout: float
-    jump: SSHTarget | None = None
-
-
 class ChannelStream:
     """One exec channel on the host's connection, carrying the agent protocol."""
 
@@ -75,6 +66,20 @@ class ChannelStream:
             data: bytes = self.channel.recv(max_bytes)
         except TimeoutError:
             raise TimeoutError from None
+        return data
+
+    def stdout_ready(self) -> bool:
+        return bool(self.channel.recv_ready())
+
+    def read_stderr(self, timeout: float) -> bytes:
+        """What stderr holds now, waiting up to ``timeout`` for anything (stdout too) to arrive."""
+        import select
+
+        if not (self.channel.recv_stderr_ready() or self.channel.recv_ready()):
+            select.select([self.channel], [], [], timeout)
+        data = b""
+        while self.channel.recv_stderr_ready():
+            data += self.channel.recv_stderr(65536)
         return data
 
     def _drain_stderr(self) -> None:
@@ -101,21 +106,45 @@ class ChannelStream:
         self.channel.close()
 
 
-def _connection(host: str, target: SSHTarget) -> Any:
-    from fabric import Connection
+def _tried(target: SSHTarget) -> str:
+    ways = [f"key {k}" for k in target.key_files]
+    ways += ["ssh-agent"] if target.allow_agent else []
+    ways += ["default keys"] if target.look_for_keys else []
+    ways += ["password"] if target.password is not None else []
+    return ", ".join(ways) or "no key"
 
-    gateway = _connection(host, target.jump) if target.jump else None
-    kwargs: dict[str, Any] = {"banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout}
-    if target.key_file:
-        kwargs.update(key_filename=target.key_file, look_for_keys=False, allow_agent=False)
+
+def _connection(host: str, target: SSHTarget) -> Any:
+    from fabric import Config, Connection
+
+    gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
+    kwargs: dict[str, Any] = {
+        "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
+        "key_filename": list(target.key_files), "look_for_keys": target.look_for_keys,
+        "allow_agent": target.allow_agent,
+    }
+    if target.password is not None:
+        kwargs["password"] = target.password
+    if target.passphrase is not None:
+        kwargs["passphrase"] = target.passphrase
+    # The target is already resolved: Fabric must not apply ssh_config over it a second time.
+    config = Config(overrides={"load_ssh_configs": False}, lazy=True)
     conn = Connection(
-        host=target.hostname, user=target.user, port=target.port, gateway=gateway,
+        host=target.hostname, user=target.user, port=target.port, gateway=gateway, config=config,
         connect_timeout=max(1, round(target.connect_timeout)), connect_kwargs=kwargs,
     )
     if target.known_hosts.exists():
         conn.client.load_host_keys(str(target.known_hosts))
     conn.client.set_missing_host_key_policy(hostkeys.strict_policy(host, target.known_hosts))
     return conn
+
+
+def _hops(conn: Any, target: SSHTarget) -> list[tuple[Any, SSHTarget]]:
+    """(connection, target) of every hop, the first bastion first and the host itself last."""
+    hops = [(conn, target)]
+    while hops[-1][1].jump is not None:
+        hops.append((hops[-1][0].gateway, hops[-1][1].jump))
+    return hops[::-1]
 
 
 class SSHConnector:
@@ -131,8 +160,9 @@ class SSHConnector:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
                 conn = _connection(self.host, self.target)
-                if conn.gateway is not None and self.target.jump is not None:
-                    self._connect(conn.gateway, self.target.jump, "bastion ")
+                hops = _hops(conn, self.target)
+                for hop_conn, hop in hops[:-1]:
+                    self._connect(hop_conn, hop, "bastion ")
                 self._connect(conn, self.target)
                 self._conn = conn
             return self._conn
@@ -147,14 +177,26 @@ class SSHConnector:
             raise
         except paramiko.BadHostKeyException as exc:
             raise hostkeys.changed_key_error(self.host, exc, target.known_hosts) from None
-        except paramiko.AuthenticationException as exc:
+        except paramiko.PasswordRequiredException:
             raise ConnectError(
-                self.host, f"authentication failed for {target.user}@{where} "
-                f"(key {target.key_file or 'default'}): {exc}",
+                self.host, f"key {target.key_file or 'file'} for {target.user}@{where} is encrypted: "
+                "add it to ssh-agent or set ansible_ssh_private_key_passphrase (a secret)",
             ) from None
+        except paramiko.AuthenticationException as exc:
+            raise ConnectError(self.host, f"authentication failed for {target.user}@{where} "
+                                          f"({_tried(target)}): {exc}") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
+
+    def _exec(self, chan: Any, command: str, announce: bool = True) -> None:
+        """Start ``command`` on ``chan``; with become, through sudo, answered before returning."""
+        if self.target.become is None:
+            chan.exec_command(command)
+            return
+        chan.exec_command(become.wrap(command, self.target.become, announce))
+        become.handshake(ChannelStream(chan), self.target.become, self.host, self.target.user,
+                         self.target.connect_timeout)
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """``command`` through the login shell on its own channel. Output is kept in bounded memory
@@ -165,16 +207,24 @@ class SSHConnector:
         conn = self._open()
         start = time.monotonic()
         chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
-        chan.exec_command(f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
+        # The shell says its pid first: with become it is the shell under sudo, which _kill_group
+        # then signals through sudo too.
+        try:
+            self._exec(chan, f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
+        except Exception:
+            chan.close()
+            raise
         chan.shutdown_write()  # stdin is empty
         out, err = BoundedCapture(), BoundedCapture()
         deadline = None if timeout is None else start + timeout
         pid = _PidReader()
+        started = become.StartedStripper() if self.target.become else None
         try:
             while True:
                 busy = False
                 while chan.recv_ready():
-                    out.add(chan.recv(65536))
+                    data = chan.recv(65536)
+                    out.add(started.strip(data) if started else data)
                     busy = True
                 while chan.recv_stderr_ready():
                     err.add(pid.strip(chan.recv_stderr(65536)))
@@ -198,7 +248,10 @@ class SSHConnector:
             return
         try:
             chan = self._open().client.get_transport().open_session(timeout=self.target.connect_timeout)
-            chan.exec_command(f"kill -TERM -- -{pid} 2>/dev/null; sleep 1; kill -KILL -- -{pid} 2>/dev/null; true")
+            # Without become the pid leads the session sshd made; with it, the shell under sudo.
+            group = f"-{pid}" if self.target.become is None else f"$(ps -o pgid= -p {pid} | tr -d ' ') {pid}"
+            self._exec(chan, f"for g in {group}; do kill -TERM -- -$g $g 2>/dev/null; done; sleep 1; "
+                             f"kill -KILL -- -{pid} {pid} 2>/dev/null; true", announce=False)
             chan.recv_exit_status()
             chan.close()
         except Exception:  # best effort: the session's end closes the command's pipes anyway
@@ -213,7 +266,11 @@ class SSHConnector:
     def open_stream(self, command: str) -> ChannelStream:
         conn = self._open()
         chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
-        chan.exec_command(command)
+        try:
+            self._exec(chan, command, announce=False)  # the agent's hello says it started
+        except Exception:
+            chan.close()
+            raise
         return ChannelStream(chan)
 
     def close(self) -> None:

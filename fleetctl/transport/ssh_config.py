@@ -37,7 +37,6 @@ class SSHConfigEntry:
     identities_only: bool = False
     proxy_jump: str | None = None
     proxy_command: str | None = None
-    host_key_alias: str | None = None
     source: str = ""  # the files read, for messages
 
 
@@ -81,35 +80,43 @@ def _split_words(value: str) -> list[str]:
     return [w.strip('"') for w in re.findall(r'"[^"]*"|\S+', value)]
 
 
-@cache
-def load(user_path: Path | None, system_path: Path = SYSTEM_CONFIG) -> Any:
-    """A paramiko ``SSHConfig`` of the user's file then the system's (missing files are empty)."""
+@dataclass(frozen=True)
+class LoadedConfig:
+    parsed: Any  # paramiko.SSHConfig
+    sources: str  # the files read, for messages
+
+
+def parse(text: str, sources: str) -> LoadedConfig:
     import paramiko
 
+    try:
+        return LoadedConfig(paramiko.SSHConfig.from_text(text), sources)
+    except Exception as exc:  # paramiko's ConfigParseError names the line's text
+        raise InputError(f"{sources}: {exc}") from None
+
+
+@cache
+def load(user_path: Path | None, system_path: Path = SYSTEM_CONFIG) -> LoadedConfig:
+    """The user's file then the system's (a missing file reads as empty)."""
     lines: list[str] = []
     sources = []
     for path, base in ((user_path, Path("~/.ssh").expanduser()), (system_path, system_path.parent)):
         if path is not None and path.is_file():
             sources.append(str(path))
             lines += [*expand_includes(path, base), "Host *"]  # each file's tail stays its own
-    try:
-        config = paramiko.SSHConfig.from_text("\n".join(lines))
-    except Exception as exc:  # paramiko's ConfigParseError and friends name the line
-        raise InputError(f"{' + '.join(sources)}: {exc}") from None
-    config.fleetctl_sources = " + ".join(sources)
-    return config
+    return parse("\n".join(lines), " + ".join(sources) or "no ssh config")
 
 
-def lookup(name: str, config: Any = None) -> SSHConfigEntry:
+def lookup(name: str, config: LoadedConfig | None = None) -> SSHConfigEntry:
     """ssh_config's settings for the destination ``name`` (a host alias or address)."""
     config = config if config is not None else load(user_config_path())
     try:
-        found = config.lookup(name)
+        found = config.parsed.lookup(name)
     except Exception as exc:  # Match exec failing, a bad token: one line naming the files
-        raise InputError(f"{getattr(config, 'fleetctl_sources', 'ssh config')}: host {name!r}: {exc}") from None
+        raise InputError(f"{config.sources}: host {name!r}: {exc}") from None
     port = found.get("port")
     if port is not None and not (str(port).isdigit() and 1 <= int(port) <= 65535):
-        raise InputError(f"{config.fleetctl_sources}: host {name!r}: Port {port!r} is not 1-65535")
+        raise InputError(f"{config.sources}: host {name!r}: Port {port!r} is not 1-65535")
     jump = found.get("proxyjump")
     return SSHConfigEntry(
         hostname=found.get("hostname") or name,
@@ -119,6 +126,5 @@ def lookup(name: str, config: Any = None) -> SSHConfigEntry:
         identities_only=str(found.get("identitiesonly", "no")).lower() == "yes",
         proxy_jump=None if jump is None or jump.lower() == "none" else jump,
         proxy_command=found.get("proxycommand") or None,
-        host_key_alias=found.get("hostkeyalias"),
-        source=getattr(config, "fleetctl_sources", ""),
+        source=config.sources,
     )
