@@ -21,13 +21,15 @@ $(STAMP):
 
 deps: $(STAMP) sshd
 
-# The lab hosts are real OpenSSH servers; the tests drive them with the real ssh client too.
+# The lab hosts are real OpenSSH servers (each with the sudo user fleetop); the tests drive them
+# with the real ssh client too.
 sshd:
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null \
-	    || ! command -v systemd-analyze >/dev/null || ! dpkg -s python3-venv >/dev/null 2>&1; then \
-	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd"; \
+	    || ! command -v systemd-analyze >/dev/null || ! dpkg -s python3-venv >/dev/null 2>&1 \
+	    || ! test -x /usr/bin/sudo; then \
+	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd, sudo"; \
 	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv \
-	    systemd >/dev/null; \
+	    systemd sudo >/dev/null; \
 	fi
 
 demo: deps

@@ -18,7 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_status, lab_up, rekey_host, start_host, stop_host
+from fleetctl.lab import (
+    LabFleet,
+    LabPaths,
+    accounts,
+    lab_down,
+    lab_status,
+    lab_up,
+    rekey_host,
+    set_password_auth,
+    start_host,
+    stop_host,
+)
+from fleetctl.lab.accounts import LAB_PASSWORD
 from fleetctl.lab.state import default_lab_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,9 +113,9 @@ class LabHandle:
                 "-i", str(self.key_path)]
 
     def ssh(
-        self, name: str, command: str, check: bool = True, timeout: float = 300
+        self, name: str, command: str, check: bool = True, timeout: float = 300, user: str = "root"
     ) -> subprocess.CompletedProcess[str]:
-        argv = ["ssh", *self.ssh_options(), f"root@{self.addresses[name]}", command]
+        argv = ["ssh", *self.ssh_options(), f"{user}@{self.addresses[name]}", command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
 
     def sftp(self, name: str, batch: str) -> subprocess.CompletedProcess[str]:
@@ -134,6 +146,37 @@ class LabHandle:
                 key.with_name(key.name + ".pub").write_bytes(public)
             start_host(self.dir, host)
             self._dirty.discard(host)
+
+
+def set_sudo(lab: LabHandle, host: str, mode: str) -> None:
+    """fleetop's sudo on one host, at once: "passwordless" (the default), "password" (password
+    LAB_PASSWORD, no requiretty, nothing cached), "none" (not in sudoers; the password is set so
+    sudo -S gets as far as saying so) or "requiretty"."""
+    accounts.set_sudo(LabPaths(lab.dir), host, mode)
+
+
+@contextmanager
+def sudo_mode(lab: LabHandle, host: str, mode: str) -> Iterator[None]:
+    """set_sudo for the body of a with block, then back to passwordless."""
+    set_sudo(lab, host, mode)
+    try:
+        yield
+    finally:
+        set_sudo(lab, host, accounts.PASSWORDLESS)
+
+
+@contextmanager
+def password_login(lab: LabHandle, host: str, password: str | None = LAB_PASSWORD) -> Iterator[None]:
+    """fleetop may log in to one host with this password (sshd restarts, so does everything on it);
+    afterwards key-only again and no password (a start rewrites the host's account files, so the
+    password is set after the restart)."""
+    set_password_auth(lab.dir, host, True)
+    accounts.set_password(LabPaths(lab.dir), host, password)
+    try:
+        yield
+    finally:
+        set_password_auth(lab.dir, host, False)
+        accounts.set_password(LabPaths(lab.dir), host, None)
 
 
 @contextmanager

@@ -12,11 +12,12 @@ import paramiko
 import pytest
 import yaml
 from click.testing import CliRunner
-from lab_support import LabHandle, listeners_on, listening_sockets
+from lab_support import LabHandle, listeners_on, listening_sockets, password_login, sudo_mode
 
 from fleetctl.cli.lab import lab
 from fleetctl.errors import LabError
 from fleetctl.lab import LabPaths, lab_down, lab_status, lab_up
+from fleetctl.lab.accounts import LAB_PASSWORD, LAB_UID, LAB_USER
 
 lab_mark = pytest.mark.lab
 
@@ -78,6 +79,91 @@ def test_paramiko_reads_the_pinned_keys(lab_fleet: LabHandle) -> None:
         assert stdout.read().decode().strip() == "lab3"
     finally:
         client.close()
+
+
+@lab_mark
+def test_fleetop_logs_in_with_the_client_key_and_has_passwordless_sudo(lab_fleet: LabHandle) -> None:
+    for name in lab_fleet.hosts:
+        out = lab_fleet.ssh(name, "id -un; id -u; echo $HOME; sudo -n id -u", user=LAB_USER)
+        assert out.stdout.split() == [LAB_USER, str(LAB_UID), f"/home/{LAB_USER}", "0"], out.stderr
+        assert out.stderr == ""  # no "unable to resolve host", no use_pty complaint
+
+
+@lab_mark
+def test_debian_use_pty_does_not_break_sudo_without_a_tty(lab_fleet: LabHandle) -> None:
+    sudoers = lab_fleet.ssh("lab1", "cat /etc/sudoers").stdout
+    if "use_pty" in Path("/etc/sudoers").read_text():
+        assert "use_pty" in sudoers  # the host's private copy keeps the distribution's Defaults
+    # ssh without -t: no tty on the host, as fleetctl's agent runs.
+    out = lab_fleet.ssh("lab1", "tty; sudo -n sh -c 'echo root-now; id -u'", user=LAB_USER, check=False)
+    assert out.stdout.split() == ["not", "a", "tty", "root-now", "0"], out.stderr
+
+
+@lab_mark
+def test_account_files_are_private_to_each_host(lab_fleet: LabHandle) -> None:
+    machine = {p: Path(p).read_bytes() for p in ("/etc/passwd", "/etc/group", "/etc/shadow")}
+    user = f"fl{uuid.uuid4().hex[:8]}"
+    lab_fleet.ssh("lab1", f"echo '{user}:x:2499:2499::/nonexistent:/bin/false' >> /etc/passwd")
+    try:
+        assert lab_fleet.ssh("lab1", f"getent passwd {user}", check=False).returncode == 0
+        assert lab_fleet.ssh("lab2", f"getent passwd {user}", check=False).returncode == 2
+        assert {p: Path(p).read_bytes() for p in machine} == machine
+        assert LAB_USER not in Path("/etc/passwd").read_text()
+        assert lab_fleet.ssh("lab1", "ls /home").stdout.split() == [LAB_USER]
+    finally:
+        lab_fleet.ssh("lab1", f"sed -i '/^{user}:/d' /etc/passwd 2>/dev/null || "
+                              f"grep -v '^{user}:' /etc/passwd > /tmp/p && cat /tmp/p > /etc/passwd")
+
+
+def _sudo(lab: LabHandle, host: str, password: str | None) -> tuple[int, str]:
+    """sudo id -u as fleetop, without a tty: -n with no password, else the password on stdin."""
+    feed = "sudo -n id -u" if password is None else f"echo {password} | sudo -S -p '' id -u"
+    out = lab.ssh(host, f"timeout 10 sh -c \"{feed}\"", user=LAB_USER, check=False, timeout=30)
+    return out.returncode, (out.stdout + out.stderr).strip()
+
+
+@lab_mark
+def test_sudo_modes_change_one_host_only(lab_fleet: LabHandle) -> None:
+    machine_rules = sorted(p.name for p in Path("/etc/sudoers.d").iterdir())
+    with sudo_mode(lab_fleet, "lab3", "password"):
+        rc, out = _sudo(lab_fleet, "lab3", None)
+        assert rc == 1 and "a password is required" in out
+        assert _sudo(lab_fleet, "lab3", LAB_PASSWORD) == (0, "0")
+        rc, out = _sudo(lab_fleet, "lab3", "wrong")
+        assert rc == 1 and "incorrect password" in out  # nothing cached from the right one
+        assert _sudo(lab_fleet, "lab1", None) == (0, "0")
+    with sudo_mode(lab_fleet, "lab3", "none"):
+        rc, out = _sudo(lab_fleet, "lab3", LAB_PASSWORD)
+        assert rc == 1 and f"{LAB_USER} is not in the sudoers file" in out
+    with sudo_mode(lab_fleet, "lab3", "requiretty"):
+        rc, out = _sudo(lab_fleet, "lab3", None)
+        assert rc == 1 and "you must have a tty to run sudo" in out
+    assert _sudo(lab_fleet, "lab3", None) == (0, "0")
+    assert sorted(p.name for p in Path("/etc/sudoers.d").iterdir()) == machine_rules
+
+
+@lab_mark
+def test_password_login_can_be_enabled_per_host(scratch_lab: LabHandle) -> None:
+    def login(host: str) -> str:
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(scratch_lab.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            client.connect(scratch_lab.addresses[host], username=LAB_USER, password=LAB_PASSWORD,
+                           look_for_keys=False, allow_agent=False, timeout=10)
+            _, stdout, _ = client.exec_command("id -un")
+            return stdout.read().decode().strip()
+        except paramiko.AuthenticationException:
+            return "refused"
+        finally:
+            client.close()
+
+    assert login("lab1") == "refused"
+    with password_login(scratch_lab, "lab1"):
+        assert login("lab1") == LAB_USER
+        assert login("lab2") == "refused"
+        assert scratch_lab.ssh("lab1", "true", user=LAB_USER).returncode == 0  # keys still work
+    assert login("lab1") == "refused"
 
 
 @lab_mark
@@ -177,6 +263,7 @@ def test_cli_up_status_down(scratch_lab: LabHandle) -> None:
     assert up.exit_code == 0, up.output
     assert up.output.splitlines()[-1] == str(scratch_lab.inventory_path)
     assert "0 started, 2 already up" in up.output
+    assert f"each host also has the user {LAB_USER} (passwordless sudo" in up.output
     status = runner.invoke(lab, ["status", *where])
     assert status.exit_code == 0 and "lab2" in status.output
     down = runner.invoke(lab, ["down", *where])

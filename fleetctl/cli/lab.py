@@ -55,12 +55,15 @@ def lab() -> None:
 def up(hosts: int, directory: Path, base_address: str) -> None:
     """Start the lab (idempotent); the last line printed is the inventory path."""
     from fleetctl.lab import lab_up  # the lab code loads only for lab commands
+    from fleetctl.lab.accounts import LAB_USER
 
     fleet = lab_up(hosts, directory, base_address)
     click.echo(_table(fleet.hosts))
     kept = len(fleet.hosts) - len(fleet.started)
     click.echo(f"{len(fleet.started)} started, {kept} already up, in {fleet.elapsed_s:.2f}s; "
                f"client key {fleet.key_path}, host keys pinned in {fleet.known_hosts_path}")
+    click.echo(f"each host also has the user {LAB_USER} (passwordless sudo, same client key); "
+               "the inventory logs in as root")
     click.echo(str(fleet.inventory_path))
 
 

@@ -1,7 +1,8 @@
 """The lab fleet: N real OpenSSH hosts on this one machine, for end-to-end tests and demos.
 
-Each host ``labN`` is an sshd in its own mount + UTS namespace with private /root, /opt, /srv
-and /var/lib/fleetctl, listening on its own loopback address (base + N) port 22.
+Each host ``labN`` is an sshd in its own mount + UTS namespace with private /root, /opt, /srv,
+/var/lib/fleetctl and /home, private account files (passwd, group, shadow, sudoers, sudoers.d)
+holding the sudo user ``fleetop``, listening on its own loopback address (base + N) port 22.
 """
 
 from fleetctl.lab.fleet import (
@@ -13,6 +14,7 @@ from fleetctl.lab.fleet import (
     lab_status,
     lab_up,
     rekey_host,
+    set_password_auth,
     start_host,
     stop_host,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "lab_status",
     "lab_up",
     "rekey_host",
+    "set_password_auth",
     "start_host",
     "stop_host",
 ]

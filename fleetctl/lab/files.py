@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from fleetctl.errors import LabError
+from fleetctl.lab import accounts
 from fleetctl.lab.state import PRIVATE_MOUNTS, LabHost, LabPaths
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
@@ -23,9 +25,9 @@ HostKey {host_key}
 PidFile none
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
-PasswordAuthentication no
+PasswordAuthentication {password_auth}
 KbdInteractiveAuthentication no
-AuthenticationMethods publickey
+AuthenticationMethods {auth_methods}
 UsePAM no
 StrictModes yes
 AuthorizedKeysFile .ssh/authorized_keys
@@ -69,11 +71,14 @@ def public_key(path: Path) -> str:
 
 
 def prepare_host_dir(paths: LabPaths, host: LabHost) -> None:
-    """Per-host private folders, authorized client key and sshd_config (StrictModes-safe modes)."""
+    """Per-host private folders and account files, the client key authorized for root and
+    fleetop, and sshd_config (StrictModes-safe modes)."""
     base = paths.host_dir(host.name)
     base.mkdir(parents=True, exist_ok=True)
     for sub, _target in PRIVATE_MOUNTS:
         (base / sub).mkdir(exist_ok=True)
+    (base / "run-sudo").chmod(0o711)
+    accounts.write_account_files(paths, host, public_key(paths.client_key))
     root = base / "root"
     root.chmod(0o700)
     ssh_dir = root / ".ssh"
@@ -82,13 +87,33 @@ def prepare_host_dir(paths: LabPaths, host: LabHost) -> None:
     keys = ssh_dir / "authorized_keys"
     keys.write_text(public_key(paths.client_key) + " fleetctl-lab\n")
     keys.chmod(0o600)
+    password_auth = read_host_options(paths, host.name).get("password_authentication") is True
     config = SSHD_CONFIG.format(name=host.name, address=host.address,
-                                host_key=paths.host_key(host.name), path=SESSION_PATH)
+                                host_key=paths.host_key(host.name), path=SESSION_PATH,
+                                password_auth="yes" if password_auth else "no",
+                                auth_methods="any" if password_auth else "publickey")
     paths.sshd_config(host.name).write_text(config)
+
+
+def read_host_options(paths: LabPaths, name: str) -> dict[str, object]:
+    """The host's options.json ({} when there is none)."""
+    try:
+        doc = json.loads(paths.host_options(name).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise LabError(f"cannot read {paths.host_options(name)}: {exc}") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_host_options(paths: LabPaths, name: str, options: dict[str, object]) -> None:
+    _write_atomic(paths.host_options(name), json.dumps(options, indent=2) + "\n")
 
 
 def ensure_mount_points() -> None:
     """The real machine needs every mount target and sshd's privilege-separation folder."""
+    if not os.path.isdir("/run/sudo"):
+        os.makedirs("/run/sudo", mode=0o711)  # the mode sudo itself gives it
     for _sub, target in PRIVATE_MOUNTS:
         os.makedirs(target, exist_ok=True)
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)

@@ -263,6 +263,23 @@ def rekey_host(directory: Path | str, name: str) -> LabHostStatus:
         return host_status(paths, host)
 
 
+def set_password_auth(directory: Path | str, name: str, enabled: bool) -> LabHostStatus:
+    """Let one host's sshd accept password logins (fleetop's password: accounts.LAB_PASSWORD,
+    set with accounts.set_password) or not; kept in its options.json, the host restarts."""
+    require_root("configuring a lab host")
+    paths = LabPaths(resolve_dir(directory))
+    with _locked(paths):
+        state = _existing_state(paths)
+        host = state.host(name)
+        options = files.read_host_options(paths, name)
+        options["password_authentication"] = enabled
+        files.write_host_options(paths, name, options)
+        _stop(paths, host)
+        _start_hosts(paths, state, [host])
+        save_state(paths, state)
+        return host_status(paths, host)
+
+
 def _existing_state(paths: LabPaths) -> LabState:
     state = load_state(paths)
     if state is None:

@@ -18,6 +18,17 @@ PRIVATE_MOUNTS: tuple[tuple[str, str], ...] = (
     ("opt", "/opt"),
     ("srv", "/srv"),
     ("var-lib-fleetctl", "/var/lib/fleetctl"),
+    ("home", "/home"),
+    ("run-sudo", "/run/sudo"),  # sudo's credential cache: per host, like the accounts it caches
+)
+# Account files and folders each host gets as private copies (see fleetctl.lab.accounts).
+ACCOUNT_MOUNTS: tuple[tuple[str, str], ...] = (
+    ("etc/passwd", "/etc/passwd"),
+    ("etc/group", "/etc/group"),
+    ("etc/shadow", "/etc/shadow"),
+    ("etc/hosts", "/etc/hosts"),
+    ("etc/sudoers", "/etc/sudoers"),
+    ("etc/sudoers.d", "/etc/sudoers.d"),
 )
 
 
@@ -58,6 +69,10 @@ class LabPaths:
 
     def sshd_log(self, name: str) -> Path:
         return self.host_dir(name) / "sshd.log"
+
+    def host_options(self, name: str) -> Path:
+        """Per-host settings that survive restarts (password login on or off)."""
+        return self.host_dir(name) / "options.json"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What the real machine must offer a lab: root, and OpenSSH (installed through apt if missing)."""
+"""What the real machine must offer a lab: root, OpenSSH and sudo (installed through apt if missing)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fleetctl.lab.sshd import SSHD, UNSHARE
 
 # Keeps apt from starting the distribution's sshd on 0.0.0.0:22, which would take every lab port.
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+SUDO = "/usr/bin/sudo"
 
 
 def require_root(action: str) -> None:
@@ -20,10 +21,11 @@ def require_root(action: str) -> None:
 
 
 def ensure_openssh() -> None:
-    """Install openssh-server when sshd or ssh-keygen is missing; unshare must already be there."""
+    """Install openssh-server when sshd or ssh-keygen is missing, sudo when it is (the lab user
+    fleetop has sudo); unshare must already be there."""
     if not Path(UNSHARE).exists():
         raise LabError(f"the lab needs {UNSHARE} (util-linux)")
-    if Path(SSHD).exists() and Path(SSH_KEYGEN).exists():
+    if Path(SSHD).exists() and Path(SSH_KEYGEN).exists() and Path(SUDO).exists():
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     made_policy = not POLICY_RC_D.exists()
@@ -31,7 +33,7 @@ def ensure_openssh() -> None:
         POLICY_RC_D.write_text("#!/bin/sh\nexit 101\n")
         POLICY_RC_D.chmod(0o755)
     try:
-        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "openssh-server"]):
+        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "openssh-server", "sudo"]):
             proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -39,5 +41,6 @@ def ensure_openssh() -> None:
     finally:
         if made_policy:
             POLICY_RC_D.unlink(missing_ok=True)
-    if not Path(SSHD).exists():
-        raise LabError(f"openssh-server is installed but {SSHD} is still missing")
+    for needed in (SSHD, SUDO):
+        if not Path(needed).exists():
+            raise LabError(f"openssh-server and sudo are installed but {needed} is still missing")
