@@ -42,12 +42,19 @@ def trust(app: AppContext, replace: bool) -> int:
 
     results = trust_hosts(app.inventory, app.selected_hosts(), replace=replace, settings=app.run_settings())
     if app.json:
-        render.emit_json(render.results_json(results, lambda k: {
-            "name": k.name, "type": k.key_type, "fingerprint": k.fingerprint, "state": k.state}))
+        doc = render.results_json(results, lambda k: {
+            "name": k.name, "type": k.key_type, "fingerprint": k.fingerprint, "state": k.state})
+        for n, r in results.items():
+            doc["hosts"][n]["bastions"] = r.details.get("bastions", [])
+        render.emit_json(doc)
     else:
-        rows = [[n, render.status_text(r), r.value.name if r.value else "", r.value.key_type if r.value else "",
-                 r.value.fingerprint if r.value else "", r.value.state if r.value else r.reason,
-                 r.details.get("file", "")] for n, r in results.items()]
+        rows = []
+        for n, r in results.items():
+            rows += [[f"{n} via", "bastion", b["name"], b["type"], b["fingerprint"], b["state"], b["file"]]
+                     for b in r.details.get("bastions", [])]
+            rows.append([n, render.status_text(r), r.value.name if r.value else "",
+                         r.value.key_type if r.value else "", r.value.fingerprint if r.value else "",
+                         r.value.state if r.value else r.reason, r.details.get("file", "")])
         render.console().print(render.table(
             None, ["host", "status", "known as", "type", "fingerprint", "state", "file"], rows))
         render.print_failures(results)

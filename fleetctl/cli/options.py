@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,8 +100,10 @@ def connect_options(user: str | None, private_key: str | None, become: bool, bec
     from fleetctl.transport.target import ConnectOptions
 
     password = None
-    if ask_become_pass:
+    if ask_become_pass and sys.stdin.isatty():
         password = click.prompt("BECOME password", hide_input=True, err=True, default="", show_default=False)
+    elif ask_become_pass:  # piped in (a script, a test): one line, no echo warnings
+        password = sys.stdin.readline().rstrip("\r\n")
     key = str(Path(private_key).expanduser().absolute()) if private_key else None
     return ConnectOptions(user=user, private_key=key, become=become or become_user is not None,
                           become_user=become_user, become_password=password)

@@ -41,6 +41,38 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, set[str]]:
+    """The keys a known_hosts file pins, and the keys it marks ``@revoked`` (base64).
+
+    Read line by line as OpenSSH does: comments, ``@cert-authority`` lines (fleetctl checks
+    plain keys only) and lines that do not parse are skipped, where paramiko's own loader
+    would stop at the first of them."""
+    import paramiko
+
+    keys, revoked = paramiko.HostKeys(), set[str]()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return keys, revoked
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if fields[0] == "@revoked" and len(fields) >= 4:
+            revoked.add(fields[3])
+            continue
+        if fields[0].startswith("@"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
+        except (paramiko.SSHException, ValueError, TypeError):
+            continue
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return keys, revoked
+
+
 def strict_policy(host: str, known_hosts: Path) -> Any:
     """A paramiko policy that refuses unknown keys with a message naming host and file."""
     import paramiko
@@ -75,16 +107,18 @@ class ScannedKey:
     state: str = ""  # new | pinned | changed
 
 
-def scan_key(host: str, hostname: str, port: int, timeout: float) -> ScannedKey:
-    """Fetch a server's host key over a bare SSH handshake (no authentication)."""
+def scan_key(host: str, hostname: str, port: int, timeout: float, sock: Any = None) -> ScannedKey:
+    """Fetch a server's host key over a bare SSH handshake (no authentication), on a new TCP
+    connection or on ``sock`` (a channel through a bastion, a ProxyCommand)."""
     import socket
 
     import paramiko
 
-    try:
-        sock = socket.create_connection((hostname, port), timeout=timeout)
-    except OSError as exc:
-        raise ConnectError(host, f"cannot connect to {hostname}:{port}: {exc.strerror or exc}") from None
+    if sock is None:
+        try:
+            sock = socket.create_connection((hostname, port), timeout=timeout)
+        except OSError as exc:
+            raise ConnectError(host, f"cannot connect to {hostname}:{port}: {exc.strerror or exc}") from None
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
@@ -97,10 +131,15 @@ def scan_key(host: str, hostname: str, port: int, timeout: float) -> ScannedKey:
 
 
 def pin_keys(path: Path, scanned: list[ScannedKey], replace: bool) -> list[ScannedKey]:
-    """Add scanned keys to ``path``; a different pinned key is kept unless ``replace``."""
+    """Add scanned keys to ``path``; a different pinned key is kept unless ``replace``.
+
+    The file is edited as text, as ssh-keygen -R and ssh's own additions do: new keys are
+    appended, a replaced key's own lines (plain or hashed names) are dropped, and every other
+    line (comments, ``@cert-authority``, ``@revoked``, other hosts) stays as it was."""
     import paramiko
 
-    keys = paramiko.HostKeys(str(path)) if path.exists() else paramiko.HostKeys()
+    keys, _revoked = load_known_hosts(path)
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
     out = []
     for item in scanned:
         pinned = keys.lookup(item.name)
@@ -110,10 +149,34 @@ def pin_keys(path: Path, scanned: list[ScannedKey], replace: bool) -> list[Scann
         elif old is not None and not replace:
             state = "changed"
         else:
+            if old is not None:
+                lines = [kept for line in lines if (kept := _without(line, item.name, item.key_type))]
+            if lines and not lines[-1].endswith("\n"):
+                lines[-1] += "\n"
+            lines.append(f"{item.name} {item.key_type} {item.key_base64}\n")
             key = paramiko.PKey.from_type_string(item.key_type, base64.b64decode(item.key_base64))
             keys.add(item.name, item.key_type, key)
             state = "new" if old is None else "replaced"
         out.append(ScannedKey(**{**item.__dict__, "state": state}))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys.save(str(path))
+    if any(k.state in ("new", "replaced") for k in out):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.fleetctl-tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(path)
     return out
+
+
+def _without(line: str, name: str, key_type: str) -> str:
+    """A known_hosts line without ``name``'s pin of a ``key_type`` key (plain or hashed name):
+    the line itself when it does not pin it, "" when ``name`` was all it named."""
+    import paramiko
+
+    fields = line.split(None, 2)
+    if len(fields) < 3 or fields[0].startswith(("#", "@")) or fields[1] != key_type:
+        return line
+    names = fields[0].split(",")
+    kept = [n for n in names if n != name and not (
+        n.startswith("|1|") and n.count("|") == 3 and paramiko.HostKeys.hash_host(name, n.split("|")[2]) == n)]
+    if len(kept) == len(names):
+        return line
+    return f"{','.join(kept)} {fields[1]} {fields[2]}" if kept else ""

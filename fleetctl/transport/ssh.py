@@ -133,8 +133,11 @@ def _connection(host: str, target: SSHTarget) -> Any:
         host=target.hostname, user=target.user, port=target.port, gateway=gateway, config=config,
         connect_timeout=max(1, round(target.connect_timeout)), connect_kwargs=kwargs,
     )
-    if target.known_hosts.exists():
-        conn.client.load_host_keys(str(target.known_hosts))
+    pinned, revoked = hostkeys.load_known_hosts(target.known_hosts)
+    for name, keys in pinned.items():
+        for key_type, key in keys.items():
+            conn.client.get_host_keys().add(name, key_type, key)
+    conn.fleetctl_revoked = revoked
     conn.client.set_missing_host_key_policy(hostkeys.strict_policy(host, target.known_hosts))
     return conn
 
@@ -173,6 +176,11 @@ class SSHConnector:
         where = f"{role}{target.hostname}:{target.port}"
         try:
             conn.open()
+            key = conn.client.get_transport().get_remote_server_key()
+            if key.get_base64() in conn.fleetctl_revoked:
+                conn.close()
+                raise HostKeyError(self.host, f"host key {hostkeys.fingerprint(key)} of {where} is marked "
+                                              f"@revoked in {target.known_hosts}; refused")
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
@@ -256,6 +264,17 @@ class SSHConnector:
             chan.close()
         except Exception:  # best effort: the session's end closes the command's pipes anyway
             pass
+
+    def forward(self, hostname: str, port: int) -> Any:
+        """A channel from this host to ``hostname:port`` (what a ProxyJump through it carries)."""
+        import paramiko
+
+        try:
+            return self._open().client.get_transport().open_channel(
+                "direct-tcpip", (hostname, port), ("", 0), timeout=self.target.connect_timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ConnectError(self.host, f"bastion {self.target.hostname}:{self.target.port} cannot reach "
+                                          f"{hostname}:{port}: {exc}") from None
 
     def put(self, local_path: str, remote_path: str) -> None:
         self._open().put(local_path, remote_path)
