@@ -9,12 +9,14 @@ become, commands and the agent start under sudo (``transport/become.py``).
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any
 
-from fleetctl.errors import CommandError, ConnectError, HostKeyError
+from fleetctl.errors import BecomeError, CommandError, ConnectError, HostKeyError
 from fleetctl.transport import become, hostkeys
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
@@ -277,20 +279,55 @@ class SSHConnector:
                                           f"{hostname}:{port}: {exc}") from None
 
     def put(self, local_path: str, remote_path: str) -> None:
-        self._open().put(local_path, remote_path)
+        """SFTP runs as the login user: with become the file lands in its home first, then the
+        become user copies it into place (so it is theirs, as Ansible's become does)."""
+        conn = self._open()
+        if self.target.become is None:
+            conn.put(local_path, remote_path)
+            return
+        staged = f"{conn.sftp().normalize('.')}/.fleetctl-put-{uuid.uuid4().hex}"
+        conn.put(local_path, staged)
+        q = shlex.quote
+        result = self.run(f"cp -- {q(staged)} {q(remote_path)}; rc=$?; rm -f -- {q(staged)}; exit $rc",
+                          timeout=self.target.connect_timeout + 300)
+        if result.rc != 0:
+            raise CommandError(self.host, f"copy into {remote_path}", result.rc, result.stderr)
 
     def get(self, remote_path: str, local_path: str) -> None:
-        self._open().get(remote_path, local_path)
+        conn = self._open()
+        if self.target.become is None:
+            conn.get(remote_path, local_path)
+            return
+        staged = f"{conn.sftp().normalize('.')}/.fleetctl-get-{uuid.uuid4().hex}"
+        q = shlex.quote
+        result = self.run(f"cp -- {q(remote_path)} {q(staged)} && chown {q(self.target.user)} {q(staged)}")
+        if result.rc != 0:
+            raise CommandError(self.host, f"copy of {remote_path}", result.rc, result.stderr)
+        try:
+            conn.get(staged, local_path)
+        finally:
+            conn.sftp().remove(staged)
 
     def open_stream(self, command: str) -> ChannelStream:
         conn = self._open()
         chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
+        stream = ChannelStream(chan)
         try:
-            self._exec(chan, command, announce=False)  # the agent's hello says it started
+            self._exec(chan, command)
+            if self.target.become is not None:  # the command's own output starts after our line
+                self._expect_started(stream)
         except Exception:
             chan.close()
             raise
-        return ChannelStream(chan)
+        return stream
+
+    def _expect_started(self, stream: ChannelStream) -> None:
+        got = b""
+        deadline = time.monotonic() + self.target.connect_timeout
+        while len(got) < len(become.STARTED):
+            got += stream.recv(len(become.STARTED) - len(got), max(0.0, deadline - time.monotonic()))
+            if not become.STARTED.startswith(got) or not got:
+                raise BecomeError(self.host, f"unexpected output from sudo before the command: {got[:80]!r}")
 
     def close(self) -> None:
         with self._lock:
