@@ -57,11 +57,6 @@ ANSIBLE_VARS = frozenset({
     "ansible_become_password", "ansible_become_pass", "ansible_group_priority",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_ssh_pipelining", "ansible_pipelining",
 })
-# Secrets by their nature: masked wherever vars are shown, without being listed in secret_vars.
-SECRET_ANSIBLE_VARS = frozenset({
-    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_ssh_private_key_passphrase",
-    "ansible_become_password", "ansible_become_pass",
-})
 
 
 def unknown_ansible_var(name: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Secrets never reach output: variables named in a host's ``secret_vars`` list are masked."""
+"""Secrets never reach output: variables named in a host's ``secret_vars`` list, and the password
+and passphrase connection variables, are masked."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "********"
+# Secrets by their nature: masked wherever vars are shown, without being listed in secret_vars.
+SECRET_ANSIBLE_VARS = frozenset({
+    "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_ssh_private_key_passphrase",
+    "ansible_become_password", "ansible_become_pass",
+})
 
 
 def secret_names(host_vars: Mapping[str, Any]) -> set[str]:
     names = host_vars.get("secret_vars") or []
-    return {str(n) for n in names} if isinstance(names, list | tuple) else {str(names)}
+    listed = {str(n) for n in names} if isinstance(names, list | tuple) else {str(names)}
+    return listed | (SECRET_ANSIBLE_VARS & host_vars.keys())
 
 
 def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,9 @@ from lab_support import (
     private_lab,
     shared_lab,
 )
+
+# The machine's own ~/.ssh/config must not steer the tests; those about ssh_config write their own.
+os.environ["FLEETCTL_SSH_CONFIG"] = "none"
 
 
 @pytest.fixture(scope="session")

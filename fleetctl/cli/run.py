@@ -54,6 +54,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     folder = jr.runs_dir(inventory.path)
     # The inventory holds -e too (extra vars are merged into every host's vars).
     redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
+    if app.connect and app.connect.become_password:  # -K: never in the journal either
+        redact = Redactor([*redact.values, app.connect.become_password])
     events = None
     if resume:
         events = jr.read_events(jr.find_run(folder, resume))

@@ -9,6 +9,7 @@ become, commands and the agent start under sudo (``transport/become.py``).
 
 from __future__ import annotations
 
+import os
 import shlex
 import threading
 import time
@@ -110,7 +111,7 @@ class ChannelStream:
 
 def _tried(target: SSHTarget) -> str:
     ways = [f"key {k}" for k in target.key_files]
-    ways += ["ssh-agent"] if target.allow_agent else []
+    ways += ["ssh-agent"] if target.allow_agent and os.environ.get("SSH_AUTH_SOCK") else []
     ways += ["default keys"] if target.look_for_keys else []
     ways += ["password"] if target.password is not None else []
     return ", ".join(ways) or "no key"
