@@ -218,3 +218,18 @@ def test_the_right_become_password_works_from_the_inventory_and_from_k(
         piped = _run(fleetop_inventory, "-b", "-K", "-l", "lab2", "shell", "id -un", stdin=LAB_PASSWORD + "\n")
         assert piped.returncode == 0 and "root" in piped.stdout, piped.stdout + piped.stderr
         assert LAB_PASSWORD not in piped.stdout + piped.stderr
+
+
+def test_play_and_task_become_keywords(release_free_lab: LabHandle, fleetop_inventory: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A play's `become` beats the CLI's (none here), a task's beats its play's (Ansible's rule)."""
+    book = tmp_path / "who.yml"
+    book.write_text(yaml.safe_dump([{"hosts": "lab1", "become": True, "tasks": [
+        {"name": "play", "shell": {"cmd": "id -un"}},
+        {"name": "task off", "shell": {"cmd": "id -un"}, "become": False},
+        {"name": "task user", "shell": {"cmd": "id -un"}, "become_user": "nobody"},
+    ]}]))
+    r = cli(capsys, fleetop_inventory, "run", str(book), "--json")
+    assert r.rc == 0, r.out + r.err
+    got = {e["name"]: e["data"]["stdout"].strip() for e in r.json()["results"]["lab1"]}
+    assert got == {"play": "root", "task off": "fleetop", "task user": "nobody"}

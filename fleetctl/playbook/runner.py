@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -48,6 +48,9 @@ class RunOptions:
     resume_events: list[dict[str, Any]] | None = None  # the journal of the run being resumed
     rollback_timeout: float = 300.0
     command: str = "fleetctl run"
+
+
+T = TypeVar("T")
 
 
 class PlaybookStopped(Exception):
@@ -133,6 +136,7 @@ class Runner:
             self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
             raise
         finally:
+            self.services.close()
             self.fleet.close()
         code = self.exit_code()
         self.emit("run_end", status=self.status, exit_code=code, recap=self._recap())
@@ -337,6 +341,11 @@ class Runner:
         return result
 
     def call_module(self, task: Task, ctx: HostContext, variables: dict[str, Any], where: str) -> TaskResult:
+        play = self.playbook.plays[task.play].model  # a task's become keyword beats its play's
+        become = task.options.become if task.options.become is not None else play.become
+        user = task.options.become_user or play.become_user
+        if become is not None or user is not None:
+            ctx = self.services.session_as(ctx.name, become, user)
         try:
             raw = templating.render(task.args, variables)
         except templating.TemplateProblem as exc:
@@ -352,6 +361,14 @@ class Runner:
 
     # -- releases: recorded before, rolled back on failure ------------------------------------------
 
+    def as_release(self, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:
+        """``fn`` on the session the play's release task runs under (its become keyword, else the
+        play's): what a rollback writes needs the privileges the deploy had."""
+        task = next((t for t in play.tasks if t.module.name == "release"), None)
+        become = task.options.become if task and task.options.become is not None else play.model.become
+        user = (task.options.become_user if task else None) or play.model.become_user
+        return lambda ctx: fn(self.services.session_as(ctx.name, become, user))
+
     def record_releases(self, play: Play, hosts: list[str]) -> dict[str, str | None]:
         """The release each host runs before this rollout (from the resumed run's journal when it
         recorded the host: a resumed rollout still rolls back to what ran before it first started)."""
@@ -359,7 +376,7 @@ class Runner:
 
         before = journal_mod.recorded_releases(self.options.resume_events or []).get(play.index, {})
         missing = [h for h in hosts if h not in before]
-        found = self.fleet.map(current_release, names=missing) if missing else {}
+        found = self.fleet.map(self.as_release(play, current_release), names=missing) if missing else {}
         recorded = {**before, **{h: r.value for h, r in found.items() if r.ok}}
         # A host not reached is not recorded, so a resumed run asks it again.
         self.emit("recorded", play=play.index, releases={h: recorded[h] for h in hosts if h in recorded},
@@ -386,7 +403,7 @@ class Runner:
             status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"
             return status, f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
 
-        results = self.fleet.map(back, names=targets)
+        results = self.fleet.map(self.as_release(play, back), names=targets)
         for host, res in results.items():
             status, msg = res.value if res.ok and res.value else (res.status.value, res.reason)
             if status == "rolled-back":

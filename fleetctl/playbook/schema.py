@@ -23,7 +23,8 @@ from fleetctl import yamlfile
 from fleetctl.playbook.modules import MODULES, Module
 from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
 
-TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until")
+TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
+             "become_user")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +57,8 @@ class PlayModel(BaseModel):
     any_errors_fatal: bool = False
     pause_between_batches: float = Field(default=0.0, ge=0)
     on_failure: OnFailure = "halt"
+    become: bool | None = None  # Ansible's keyword: beats -b, loses to the inventory's ansible_become
+    become_user: str | None = None
     tasks: list[Any] = Field(default_factory=list)
 
     @field_validator("serial", mode="before")
@@ -80,6 +83,8 @@ class TaskOptions(BaseModel):
     retries: int = Field(default=3, ge=0)
     delay: float = Field(default=5.0, ge=0)
     until: str | None = None
+    become: bool | None = None  # None: the play's
+    become_user: str | None = None
 
     @field_validator("tags", mode="before")
     @classmethod

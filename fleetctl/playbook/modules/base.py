@@ -66,6 +66,7 @@ class RunServices:
         self.render = render  # render(template_text, vars) -> str, Jinja2 with StrictUndefined
         self.evaluate = evaluate  # evaluate("x.rc == 0", vars) -> value of a Jinja2 expression
         self._sessions = sessions
+        self._as: dict[tuple[str, bool | None, str | None], HostContext] = {}  # sessions of a become keyword
         self._lock = threading.Lock()
         self.memo: dict[Any, Any] = {}
         self.memo_lock = threading.Lock()
@@ -83,6 +84,34 @@ class RunServices:
                 self._sessions[name] = HostContext(host, make_connector(self.inventory, host, self.settings),
                                                    self.settings)
             return self._sessions[name]
+
+    def session_as(self, name: str, become: bool | None, become_user: str | None) -> HostContext:
+        """The host's session under a play's or task's ``become`` keyword: a connection of its own
+        (the agent starts under sudo or not), opened once per run; its vars are the host's."""
+        from dataclasses import replace
+
+        from fleetctl.transport.fleet import HostContext, make_connector
+
+        base = self.session(name)
+        if become is None and become_user is None:
+            return base
+        settings = replace(self.settings, become=become, become_user=become_user)
+        with self._lock:
+            key = (name, become, become_user)
+            if key not in self._as:
+                host = self.inventory.hosts[name]
+                self._as[key] = HostContext(host, make_connector(self.inventory, host, settings), settings)
+            view = self._as[key]
+        view.vars = base.vars
+        return view
+
+    def close(self) -> None:
+        """Close the keyword sessions (the plain ones belong to the run's fleet)."""
+        for ctx in self._as.values():
+            try:
+                ctx.close()
+            except Exception:  # best effort, as Fleet.close
+                pass
 
 
 @dataclass
