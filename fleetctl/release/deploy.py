@@ -108,7 +108,8 @@ def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any],
     stale when its holder's pid is dead on this controller; ``break_lock`` then ends the holding
     agent (pid and start time checked on the host) and takes the lock. A live holder is never
     broken. Yields the broken lock's holder, or None."""
-    params = {"op": "lock", **layout.params(), "holder": holder}
+    # The host first checks it may write every folder the deploy writes (else one line, nothing changed).
+    params = {"op": "lock", **layout.params(), "holder": holder, "manager": layout.service_manager}
     answer = session.call("release_host", params)
     if not answer.get("locked") and break_lock and holder_alive(answer.get("holder") or {}) is not True:
         theirs = answer.get("holder") or {}

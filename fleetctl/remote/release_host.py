@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: writable
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
 
 Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
@@ -49,6 +50,7 @@ def op_lock(params):
     operation when its run was killed). ``break_holder`` (the holding agent's pid and start time,
     as a refusal reported them) ends exactly that agent, after which the lock is taken."""
     state_dir = params["state_dir"]
+    require_writable(write_targets(params))  # first: a user who may not deploy changes nothing
     os.makedirs(state_dir, exist_ok=True)
     if _LOCK["fd"] is not None:
         return {"locked": True}
@@ -82,6 +84,19 @@ def op_lock(params):
                   since=time.time())
     write_json(path + ".holder", holder)
     return {"locked": True, "broke": broke} if broke else {"locked": True}
+
+
+def write_targets(params):
+    """Every folder a deploy or rollback under this lock writes: [path, purpose, host var]."""
+    state_dir = params["state_dir"]
+    targets = [[state_dir, "deploy lock", "fleetctl_state_dir"],
+               [params["root"], "releases and current", "fleetctl_root"]]
+    manager = params.get("manager") or ("systemd" if os.path.isdir("/run/systemd/system") else "process")
+    if manager == "systemd":
+        targets.append(["/etc/systemd/system", "systemd unit", None])
+    else:
+        targets.append([os.path.join(state_dir, "service"), "service pid and log", "fleetctl_state_dir"])
+    return targets
 
 
 def process_start(pid):

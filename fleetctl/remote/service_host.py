@@ -1,3 +1,4 @@
+# fleetctl-include: writable
 """The inference service on one host: a systemd unit, or a built-in process supervisor.
 
 Stdlib only, Python >= 3.8; runs inside the agent. The supervisor (hosts without systemd:
@@ -50,9 +51,16 @@ def detect():
     return "systemd" if os.path.isdir("/run/systemd/system") else "process"
 
 
-def paths(params):
-    folder = os.path.join(params["state_dir"], "service")
-    os.makedirs(folder, exist_ok=True)
+def service_dir(params):
+    return os.path.join(params["state_dir"], "service")
+
+
+def paths(params, create=False):
+    """The pidfile and log; only a start makes their folder (status and stop write nothing)."""
+    folder = service_dir(params)
+    if create:
+        require_writable([[folder, "service pid and log", "fleetctl_state_dir"]])
+        os.makedirs(folder, exist_ok=True)
     name = params.get("name") or "sglang"
     return os.path.join(folder, name + ".pid"), os.path.join(folder, name + ".log")
 
@@ -121,7 +129,7 @@ def tail(path, lines=15):
 
 
 def start(params):
-    pidfile, log = paths(params)
+    pidfile, log = paths(params, create=True)
     current = status(params)
     if current["running"]:
         return dict(current, started=False)
@@ -178,15 +186,24 @@ def reap(pid):
 
 
 def restart(params):
+    paths(params, create=True)  # refused before the running service is stopped
     stopped = stop(params)
     started = start(params)
     return dict(started, stopped=stopped.get("stopped", False), killed=stopped.get("killed", False))
 
 
+SYSTEMD_UNITS = "/etc/systemd/system"
+
+
 def systemd(op, params):
     unit = (params.get("name") or "sglang") + ".service"
+    if op != "status" and os.geteuid() != 0:  # systemctl on a system unit needs root
+        if op in ("start", "restart") and params.get("unit"):
+            require_writable([[os.path.join(SYSTEMD_UNITS, unit), "systemd unit", None]])
+        raise NotPermitted("cannot %s %s as %s (systemctl needs root): run with --become (-b)"
+                           % (op, unit, login_name()))
     if op in ("start", "restart") and params.get("unit"):
-        path = "/etc/systemd/system/" + unit
+        path = os.path.join(SYSTEMD_UNITS, unit)
         with open(path + ".tmp", "w") as handle:
             handle.write(params["unit"])
         os.rename(path + ".tmp", path)
