@@ -4,6 +4,7 @@ fleetctl_root / fleetctl_state_dir are its own folders deploys and rolls back fo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from cli_support import run_cli
 from lab_support import LabHandle, user_inventory
 
 from fleetctl.inventory import load_inventory
+from fleetctl.release.spec import load_spec
 from fleetctl.transport.fleet import Fleet
 
 pytestmark = pytest.mark.lab
@@ -175,3 +177,34 @@ def test_a_permission_error_past_the_checks_is_one_line(nonroot_lab: LabHandle, 
         results = fleet.map(lambda ctx: ctx.call("release_host", build))
     assert results["lab2"].status == "failed"
     assert results["lab2"].reason == "cannot write /root/x as fleetop: run with --become (-b)"
+
+
+def test_a_restart_that_fails_after_the_switch_is_switched_back(nonroot_lab: LabHandle, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """v2 asks for systemd, which fleetop may not drive: its restart is refused after the switch
+    (the lock's check knows only the host's manager). The host goes back to v1, which serves."""
+    inv = user_inventory(nonroot_lab, tmp_path / "inv.yml", host_vars={"lab2": OWN})
+    good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
+    good.write_text(f'name: rs\nversion: "1"\nbase: {{adopt: {ENV}}}\nservice: {{standin: true}}\n'
+                    "health: {timeout: 15, interval: 0.2}\n")
+    bad.write_text(f'name: rs\nversion: "2"\nbase: {{adopt: {ENV}}}\nservice: {{standin: true, manager: systemd}}\n'
+                   "health: {timeout: 15, interval: 0.2}\n")
+    try:
+        assert cli(capsys, inv, "-l", "lab2", "deploy", str(good)).rc == 0
+        v1 = load_spec(good).release_id
+        r = cli(capsys, inv, "-l", "lab2", "deploy", str(bad), "--json")
+        assert r.rc == 2
+        lab2 = r.json()["hosts"]["lab2"]
+        assert lab2["reason"] == ("restart failed: cannot write /etc/systemd/system/sglang.service (systemd unit) "
+                                  f"as fleetop: run with --become (-b); rolled back to {v1}")
+        assert lab2["value"]["outcome"] == "rolled-back" and lab2["value"]["rollback_gates"][-1]["ok"] is True
+        assert nonroot_lab.ssh("lab2", "readlink /home/fleetop/fleetctl/current").stdout.strip() == f"releases/{v1}"
+        info = nonroot_lab.ssh("lab2", "/usr/bin/python3 -c \"import urllib.request as u; print(u.urlopen("
+                                       f"'http://{nonroot_lab.addresses['lab2']}:30077/server_info', "
+                                       "timeout=5).read().decode())\"").stdout
+        assert json.loads(info)["fleetctl_standin"]["release"] == v1
+        state = json.loads(nonroot_lab.ssh("lab2", "cat /home/fleetop/state/state.json").stdout)
+        assert state["current"] == v1
+        assert state["history"][-1]["reason"] == f"restart failed for {load_spec(bad).release_id}"
+    finally:
+        nonroot_lab.ssh("lab2", STOP_OWN)
