@@ -13,6 +13,7 @@ from cli_support import run_cli
 from lab_support import LabHandle, user_inventory
 
 from fleetctl.inventory import load_inventory
+from fleetctl.release.service import HostLayout, unit
 from fleetctl.release.spec import load_spec
 from fleetctl.transport.fleet import Fleet
 
@@ -208,3 +209,34 @@ def test_a_restart_that_fails_after_the_switch_is_switched_back(nonroot_lab: Lab
         assert state["history"][-1]["reason"] == f"restart failed for {load_spec(bad).release_id}"
     finally:
         nonroot_lab.ssh("lab2", STOP_OWN)
+
+
+def test_service_user_runs_the_server_as_fleetop(nonroot_lab: LabHandle, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Deployed as root with service.user fleetop: the server's process is fleetop's (its Uid on
+    the host), service.env is root:fleetop 0640, and it serves."""
+    where = {"fleetctl_root": "/srv/userrel", "fleetctl_state_dir": "/srv/userstate", "service_port": 30078}
+    inv = user_inventory(nonroot_lab, tmp_path / "inv.yml", user="root", host_vars={"lab3": where})
+    spec = tmp_path / "as-user.yml"
+    spec.write_text(f'name: asuser\nversion: "1"\nbase: {{adopt: {ENV}}}\n'
+                    "service: {standin: true, user: fleetop, env: {SECRET_THING: s3cret}}\n"
+                    "health: {timeout: 15, interval: 0.2}\n")
+    stop = ("f=/srv/userstate/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+            "rm -rf /srv/userrel /srv/userstate; true")
+    try:
+        r = cli(capsys, inv, "-l", "lab3", "deploy", str(spec), "--json")
+        assert r.rc == 0, r.err
+        pid = nonroot_lab.ssh("lab3", "head -1 /srv/userstate/service/sglang.pid").stdout.strip()
+        status = nonroot_lab.ssh("lab3", f"grep -E '^(Uid|Gid):' /proc/{pid}/status").stdout.split()
+        assert status[1:5] == ["2400"] * 4 and status[6:10] == ["2400"] * 4, status
+        env = nonroot_lab.ssh("lab3", "stat -c '%U %G %a' /srv/userrel/current/service.env").stdout.strip()
+        assert env == "root fleetop 640"
+        readable = nonroot_lab.ssh("lab3", "cat /srv/userrel/current/service.env", user="fleetop").stdout
+        assert "SECRET_THING" in readable
+        info = nonroot_lab.ssh("lab3", "/usr/bin/python3 -c \"import urllib.request as u; print(u.urlopen("
+                                       f"'http://{nonroot_lab.addresses['lab3']}:30078/health', "
+                                       "timeout=5).status)\"").stdout.strip()
+        assert info == "200"
+        assert "\nUser=fleetop\n" in unit(load_spec(spec), HostLayout())  # the systemd form of the same
+    finally:
+        nonroot_lab.ssh("lab3", stop)

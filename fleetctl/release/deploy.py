@@ -261,6 +261,7 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         "site": base["site"], "files": files,
         "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
+        "service_user": spec.model.service.user,
     }, timeout=1800))
 
 

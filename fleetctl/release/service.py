@@ -107,7 +107,7 @@ def unit(spec: ReleaseSpec, layout: HostLayout) -> str:
     return env.get_template("sglang.service.j2").render(
         release_id=spec.release_id, env_file=f"{layout.current}/service.env",
         command=[systemd_quote(c) for c in command(spec, layout)], workdir=layout.current,
-        stop_timeout=spec.model.service.stop_timeout)
+        stop_timeout=spec.model.service.stop_timeout, user=spec.model.service.user)
 
 
 def systemd_quote(arg: str) -> str:
@@ -122,7 +122,7 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
     return {"release_id": spec.release_id, "command": command(spec, layout),
             "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
             "unit": unit(spec, layout), "host": listen(spec, layout)[0], "port": listen(spec, layout)[1],
-            "health_path": spec.model.health.path,
+            "health_path": spec.model.health.path, "user": svc.user,
             "manager": None if svc.manager == "auto" else svc.manager}
 
 

@@ -136,15 +136,48 @@ def start(params):
     env = dict(os.environ)
     env.update(read_env(params.get("env_file") or ""))
     command = [str(c) for c in params["command"]]
+    drop = privileges_of(params.get("user"))
+    if drop:
+        env.update(HOME=drop[3], USER=params["user"], LOGNAME=params["user"])
     with open(log, "ab") as out:
         out.write(("\n--- %s start: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(command))).encode())
         out.flush()
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True)
+                                cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
+                                preexec_fn=become_user(drop) if drop else None)
     marker = command[0]
     with open(pidfile, "w") as handle:
         handle.write("%d\n%s\n" % (proc.pid, marker))
     return {"manager": "process", "running": True, "pid": proc.pid, "started": True, "log": log}
+
+
+def privileges_of(user):
+    """(uid, gid, name, home) to run the service as (the spec's service.user), or None to keep ours.
+    Only root can switch; another user may run it as itself."""
+    if not user:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError("service.user %s: no such user on this host" % user)
+    if entry.pw_uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        raise NotPermitted("cannot run the service as %s while logged in as %s: run with --become (-b)"
+                           % (user, login_name()))
+    return entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir
+
+
+def become_user(drop):
+    uid, gid, name, _home = drop
+
+    def demote():  # in the child, before exec: groups, then gid, then uid (after which none can change)
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+    return demote
 
 
 def stop(params):
