@@ -20,6 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from fleetctl import hostpaths
 from fleetctl.errors import InputError, RemoteOperationError
 from fleetctl.gpu import GpuFacts, parse_gpu_facts
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin
@@ -99,7 +100,9 @@ def collect(session: HostSession, venv: str | None, verify_files: bool) -> HostI
     """One host's distributions (and file check) from its venv, plus its GPU stack."""
     python = probe_python(session, venv)
     try:
-        raw = session.call("distributions", {"verify_files": verify_files}, python=python)
+        params = {"verify_files": verify_files, "cache_dir": hostpaths.cache_dir(session.vars),
+                  "overlays_dir": hostpaths.overlays_dir(session.vars)}
+        raw = session.call("distributions", params, python=python)
     except RemoteOperationError as exc:
         if exc.etype == "InterpreterNotFound":
             raise RemoteOperationError(session.name, "drift", exc.etype, f"no venv: {exc.remote_message}") from None

@@ -78,11 +78,15 @@ class AgentError(HostError):
     """The remote agent died or broke its protocol."""
 
 
+NOT_PERMITTED = "NotPermitted"  # the remote error type of remote/writable.py and the agent
+
+
 class RemoteOperationError(HostError):
     """A remote operation raised on the host; the agent survives and says why."""
 
     def __init__(self, host: str, op: str, etype: str, message: str, traceback: str = "") -> None:
-        super().__init__(host, f"{op}: {etype}: {message}")
+        # NotPermitted: the host refused a write this user may not make; its message is the line.
+        super().__init__(host, message if etype == NOT_PERMITTED else f"{op}: {etype}: {message}")
         self.op = op
         self.etype = etype
         self.remote_message = message

@@ -43,6 +43,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, HostSession, Status, Stream
@@ -388,7 +389,8 @@ def python_of(venv: str) -> str:
 
 def list_source(session: HostSession, req: OverlayRequest) -> SourceListing:
     """The source's distributions with their tree hashes; file lists come later, when needed."""
-    params = {"action": "list", "packages": list(req.packages), "target_prefix": req.target_venv, "files_for": []}
+    params = {"action": "list", "packages": list(req.packages), "target_prefix": req.target_venv, "files_for": [],
+              "cache_dir": hostpaths.cache_dir(session.vars)}
     try:
         raw = session.call("overlay_source", params, python=python_of(req.venv))
     except RemoteOperationError as exc:
@@ -415,7 +417,7 @@ class SourceFiles:
             missing = sorted(names - self._fetched)
             if missing:
                 params = {"action": "list", "packages": missing, "target_prefix": self.req.target_venv,
-                          "files_for": missing}
+                          "files_for": missing, "cache_dir": hostpaths.cache_dir(self.session.vars)}
                 raw = self.session.call("overlay_source", params, python=python_of(self.req.venv))
                 fresh = parse_source(self.session.name, raw).dists
                 self.listing = replace(self.listing, dists={**self.listing.dists, **fresh})
@@ -423,10 +425,16 @@ class SourceFiles:
             return self.listing
 
 
+def target_dirs(session: HostSession) -> dict[str, str]:
+    """Where a target keeps its hash cache and its overlay journal and manifests (host vars)."""
+    return {"cache_dir": hostpaths.cache_dir(session.vars), "state_dir": hostpaths.overlays_dir(session.vars)}
+
+
 def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest) -> HostPlan:
     src = files.listing
     params = {"action": "list", "names": sorted(src.dists), "trees": {n: [d.dist_info, d.tree]
-                                                                      for n, d in src.dists.items()}}
+                                                                      for n, d in src.dists.items()},
+              **target_dirs(session)}
     try:
         raw = session.call("overlay_target", params, python=python_of(req.target_venv))
     except RemoteOperationError as exc:
@@ -438,7 +446,7 @@ def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest) -
     if unmatched:
         src = files.complete(unmatched)
         paths = sorted({f.rel for n in unmatched for f in src.dists[n].files})
-        found = session.call("overlay_target", {"action": "hashes", "paths_z": pack(paths)},
+        found = session.call("overlay_target", {"action": "hashes", "paths_z": pack(paths), **target_dirs(session)},
                              python=python_of(req.target_venv))
         target = replace(target, hashes=unpack(found["hashes_z"]))
     return plan_host(session.name, req.target_venv, src, target)
@@ -618,7 +626,7 @@ def open_targets(members: list[HostContext], src: SourceListing, plans: Mapping[
     failed: dict[str, Applied | str] = {}
     for ctx in members:
         try:
-            params = target_params(src, plans[ctx.name], req)
+            params = {**target_params(src, plans[ctx.name], req), **target_dirs(ctx)}
             if direct_from is not None:  # the target runs the source's stream command itself
                 command = stream_command("overlay_source", python_of(req.venv))
                 params["direct"] = {"argv": direct_argv(direct_from, ctx, command),
@@ -683,6 +691,8 @@ def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: st
     if not answer.get("ok"):
         if direct_from is not None and answer.get("unreachable"):
             return direct_failure(host, direct_from, answer["unreachable"])
+        if answer.get("not_permitted"):  # refused before any change: the host's one line
+            return str(answer.get("error"))
         return f"overlay failed on the target: {answer.get('error')}"
     r = answer["result"]
     return Applied(r["written"], r["removed"], r["bytes_in"], r["seconds"], r["manifest"],

@@ -90,7 +90,8 @@ def print_failures(results: dict[str, HostResult[Any]]) -> None:
     err = console(stderr=True)
     for name, res in sorted(results.items()):
         if not res.ok:
-            err.print(Text.assemble((name, "bold"), ": ", status_text(res), ": ", res.reason))
+            err.print(Text.assemble((name, "bold"), ": ", status_text(res), ": ", res.reason),
+                      soft_wrap=True)  # one line per host, however wide: never wrapped
 
 
 def print_blocks(blocks: Sequence[Any]) -> None:

@@ -23,12 +23,12 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin, parse_lock, requirement_lines
 from fleetctl.transport.base import HostResult
 from fleetctl.transport.fleet import Fleet, HostContext
 
-WHEELHOUSE = "/var/lib/fleetctl/wheelhouse"
 INSTALL_TIMEOUT_S = 1800.0
 
 
@@ -53,7 +53,7 @@ class CreateRequest:
     pins: dict[str, Pin] | None = None  # --lock
     requirements: tuple[Requirement, ...] = ()  # --requirements
     wheels: tuple[Wheel, ...] = ()
-    wheelhouse_dir: str = WHEELHOUSE
+    wheelhouse_dir: str | None = None  # None: the host's own (fleetctl_state_dir/wheelhouse)
 
     @property
     def offline(self) -> bool:
@@ -204,9 +204,13 @@ class CreateOutcome:
                 "uploaded": self.uploaded, "uploaded_bytes": self.uploaded_bytes, "commands": self.commands}
 
 
+def wheelhouse_of(ctx: HostContext, req: CreateRequest) -> str:
+    return req.wheelhouse_dir or hostpaths.wheelhouse_dir(ctx.vars)
+
+
 def inspect(ctx: HostContext, req: CreateRequest) -> HostState:
     raw = ctx.call("venv_create", {"action": "inspect", "venv": req.venv, "python": req.python,
-                                   "wheelhouse": req.wheelhouse_dir, "wheels": [w.filename for w in req.wheels]})
+                                   "wheelhouse": wheelhouse_of(ctx, req), "wheels": [w.filename for w in req.wheels]})
     return HostState(raw["python"], raw["python_version"], raw["uv"], raw["venv_exists"], raw["venv_version"],
                      dict(raw["installed"]), dict(raw["wheels"]))
 
@@ -219,13 +223,13 @@ def create_on_host(ctx: HostContext, req: CreateRequest) -> CreateOutcome:
     if not plan.changes:
         return outcome
     if plan.upload:
-        ctx.call("venv_create", {"action": "prepare", "wheelhouse": req.wheelhouse_dir})
+        ctx.call("venv_create", {"action": "prepare", "wheelhouse": wheelhouse_of(ctx, req), "venv": req.venv})
         for w in plan.upload:  # straight to the final name: a cut upload fails the hash check next run
-            ctx.connector.put(str(w.path), f"{req.wheelhouse_dir}/{w.filename}")
+            ctx.connector.put(str(w.path), f"{wheelhouse_of(ctx, req)}/{w.filename}")
         outcome.uploaded, outcome.uploaded_bytes = len(plan.upload), sum(w.size for w in plan.upload)
     params = {"action": "apply", "venv": req.venv, "python": state.python, "create": plan.create,
               "installer": plan.installer, "uv": state.uv, "install": list(plan.install), "remove": list(plan.remove),
-              "no_deps": plan.no_deps, "wheelhouse": req.wheelhouse_dir if req.offline else None,
+              "no_deps": plan.no_deps, "wheelhouse": wheelhouse_of(ctx, req) if req.offline else None,
               "wheels": {w.filename: w.sha256 for w in plan.wheels}}
     timeout = max(ctx.settings.command_timeout or 0, INSTALL_TIMEOUT_S)
     outcome.commands = ctx.call("venv_create", params, timeout=timeout)["commands"]

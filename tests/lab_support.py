@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+import yaml
+
 from fleetctl.lab import (
     LabFleet,
     LabPaths,
@@ -146,6 +148,18 @@ class LabHandle:
                 key.with_name(key.name + ".pub").write_bytes(public)
             start_host(self.dir, host)
             self._dirty.discard(host)
+
+
+def user_inventory(lab: LabHandle, path: Path, user: str = accounts.LAB_USER,
+                   host_vars: dict[str, dict[str, object]] | None = None) -> Path:
+    """A copy of the lab's inventory at ``path`` that logs in as ``user`` (key and known_hosts by
+    absolute path), with extra vars per host (``host_vars``)."""
+    doc = yaml.safe_load(lab.inventory_path.read_text())
+    for name, entry in doc["all"]["children"]["lab"]["hosts"].items():
+        entry.update(ansible_user=user, ansible_ssh_private_key_file=str(lab.key_path),
+                     fleetctl_known_hosts=str(lab.known_hosts), **(host_vars or {}).get(name, {}))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def set_sudo(lab: LabHandle, host: str, mode: str) -> None:

@@ -18,18 +18,19 @@ from fleetctl.drift import Dist, HostInventory, Kind
 from fleetctl.errors import InputError
 from fleetctl.gpu import GpuFacts
 from fleetctl.lockfile import parse_lock
+from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, Status
 
-REMOTE = Path(__file__).resolve().parents[1] / "fleetctl" / "remote" / "distributions.py"
 SITE = "lib/python3.11/site-packages"
 
 
 def collect_local(venv: Path, cache: Path, **params: object) -> dict:
     """Run the host-side collector exactly as the agent does: under the venv's own python."""
-    code = ("import json,sys; sys.path.insert(0, sys.argv[1]); import distributions as d; "
-            "print(json.dumps(d.main(json.loads(sys.argv[2]))))")
+    code = ("import json,sys; ns = {'__name__': 'fleetctl_remote_distributions'}; exec(sys.argv[1], ns); "
+            "print(json.dumps(ns['main'](json.loads(sys.argv[2]))))")
     args = json.dumps({"verify_files": True, "cache_dir": str(cache), **params})
-    out = subprocess.run([str(venv / "bin/python"), "-c", code, str(REMOTE.parent), args],
+    source = module_source("distributions")[0]  # with its includes, as the agent ships it
+    out = subprocess.run([str(venv / "bin/python"), "-c", code, source, args],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -346,7 +347,7 @@ def test_html_and_markdown_renderings() -> None:
 
 def test_a_kept_agent_rereads_a_record_that_changed(tmp_path: Path) -> None:
     """The kept agent's memo answers an unchanged RECORD from memory, never a changed one."""
-    source = (Path(__file__).resolve().parent.parent / "fleetctl" / "remote" / "distributions.py").read_text()
+    source = module_source("distributions")[0]
     memo: dict[object, object] = {}
 
     def read(path: Path) -> tuple[tuple[tuple[str, str, int | None], ...], str]:

@@ -46,6 +46,8 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
 def _deploy_reason(r: Any) -> str:
     gate = r.failed_gate()
     back = f"; rolled back to {r.previous}" if r.outcome == "rolled-back" else "; no previous release: service stopped"
+    if r.restart_error:
+        return f"restart failed: {r.restart_error}{back}"
     return f"health gate failed: {gate.name}: {gate.detail}{back}" if gate else r.outcome
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from fleetctl.errors import HostError
+from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import patches as patchlib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
@@ -60,6 +60,7 @@ class DeployResult:
     diffs: dict[str, str] = field(default_factory=dict)
     pruned: list[str] = field(default_factory=list)
     broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
+    restart_error: str | None = None  # the restart after the switch failed (then switched back)
 
     @property
     def ok(self) -> bool:
@@ -108,7 +109,8 @@ def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any],
     stale when its holder's pid is dead on this controller; ``break_lock`` then ends the holding
     agent (pid and start time checked on the host) and takes the lock. A live holder is never
     broken. Yields the broken lock's holder, or None."""
-    params = {"op": "lock", **layout.params(), "holder": holder}
+    # The host first checks it may write every folder the deploy writes (else one line, nothing changed).
+    params = {"op": "lock", **layout.params(), "holder": holder, "manager": layout.service_manager}
     answer = session.call("release_host", params)
     if not answer.get("locked") and break_lock and holder_alive(answer.get("holder") or {}) is not True:
         theirs = answer.get("holder") or {}
@@ -160,7 +162,10 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         unchanged = state.get("current") == spec.release_id and service_running(session, layout)
         if not unchanged:
             result.build = build(session, spec, layout, base, files, kernels)  # service.env: real values, 0600
-            switch_and_restart(session, layout, spec.release_id, "deploy", holder)
+            switch(session, layout, spec.release_id, "deploy", holder)
+            result.restart_error = restart(session, layout)
+            if result.restart_error:  # not serving the new release: back, exactly as a failed gate
+                return roll_back_after_failure(session, spec, layout, result, holder)
         # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
         # switched but never checked; running again checks it, and rolls back if it is bad.
         result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
@@ -256,14 +261,23 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         "site": base["site"], "files": files,
         "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
+        "service_user": spec.model.service.user,
     }, timeout=1800))
 
 
-def switch_and_restart(session: HostSession, layout: HostLayout, release_id: str, reason: str,
-                       holder: dict[str, Any]) -> None:
+def switch(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> None:
     session.call("release_host", {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
                                   "who": f"{holder['user']}@{holder['controller']}"})
-    session.call("service_host", control(layout, "restart"))
+
+
+def restart(session: HostSession, layout: HostLayout) -> str | None:
+    """Restart the service of ``current``; why it failed (the host's own line), or None. A lost host
+    or agent is not caught: nothing could be switched back there."""
+    try:
+        session.call("service_host", control(layout, "restart"))
+    except RemoteOperationError as exc:
+        return exc.reason
+    return None
 
 
 def service_running(session: HostSession, layout: HostLayout) -> bool:
@@ -272,13 +286,19 @@ def service_running(session: HostSession, layout: HostLayout) -> bool:
 
 def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
                             holder: dict[str, Any]) -> DeployResult:
-    """A gate failed: back to the release that ran before, restarted and checked again."""
+    """A gate or the restart failed: back to the release that ran before, restarted and checked again.
+    When that restart fails too, the service may still run the previous release (a restart that
+    was refused stopped nothing): the health check after it says whether it serves."""
     if not result.previous:
         session.call("service_host", control(layout, "stop"))
         result.outcome = "failed-no-previous"
         return result
-    switch_and_restart(session, layout, result.previous, f"health gate failed for {spec.release_id}", holder)
+    what = "restart" if result.restart_error else "health gate"
+    switch(session, layout, result.previous, f"{what} failed for {spec.release_id}", holder)
+    again = restart(session, layout)
     health = Health(path=spec.model.health.path, timeout=spec.model.health.timeout)
     result.rollback_gates = [wait_healthy(session, health, layout, listen(spec, layout)[1])]
+    if again:
+        result.rollback_gates.insert(0, GateResult("restart", False, again))
     result.outcome = "rolled-back"
     return result

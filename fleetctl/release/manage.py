@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.release.deploy import ReleaseRefused, host_lock, switch_and_restart
+from fleetctl.errors import HostError
+from fleetctl.release.deploy import ReleaseRefused, host_lock, restart, switch
 from fleetctl.release.gates import GateResult, wait_healthy
 from fleetctl.release.service import control, layout_for
 from fleetctl.release.spec import Health
@@ -46,7 +47,12 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
                                                f"(has: {', '.join(known) or 'none'})")
         if target == state.get("current"):
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
-        switch_and_restart(session, layout, target, "rollback", holder)
+        switch(session, layout, target, "rollback", holder)
+        failed = restart(session, layout)
+        if failed and state.get("current"):  # not serving the target: back where it was, as deploy does
+            switch(session, layout, state["current"], f"restart failed for {target}", holder)
+            restart(session, layout)
+            raise HostError(session.name, f"restart failed: {failed}; switched back to {state['current']}")
         service = session.call("release_host", {"op": "state", **layout.params()}).get("service") or {}
         health = Health(path=str(service.get("health_path") or "/health"), timeout=timeout)
         gate = wait_healthy(session, health, layout, int(service.get("port") or 30000))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetctl import hostpaths
 from fleetctl.errors import InputError
 from fleetctl.release.spec import ReleaseSpec
 
@@ -24,8 +25,8 @@ class HostLayout:
     """Where releases and state live on one host, and where its service listens (host vars
     ``service_host``/``service_port`` override the spec's: lab hosts share one network)."""
 
-    root: str = "/opt/fleetctl"
-    state_dir: str = "/var/lib/fleetctl"
+    root: str = hostpaths.DEFAULT_ROOT
+    state_dir: str = hostpaths.DEFAULT_STATE_DIR
     service_host: str | None = None
     service_port: int | None = None
     service_manager: str | None = None
@@ -44,8 +45,7 @@ def layout_for(host_vars: dict[str, object]) -> HostLayout:
     port, manager = host_vars.get("service_port"), host_vars.get("service_manager")
     if manager not in (None, "systemd", "process"):
         raise InputError(f"service_manager must be systemd or process, got {manager!r}")
-    return HostLayout(str(host_vars.get("fleetctl_root") or "/opt/fleetctl"),
-                      str(host_vars.get("fleetctl_state_dir") or "/var/lib/fleetctl"),
+    return HostLayout(hostpaths.root(host_vars), hostpaths.state_dir(host_vars),
                       str(host_vars["service_host"]) if host_vars.get("service_host") else None,
                       int(str(port)) if port else None, str(manager) if manager else None)
 
@@ -107,7 +107,7 @@ def unit(spec: ReleaseSpec, layout: HostLayout) -> str:
     return env.get_template("sglang.service.j2").render(
         release_id=spec.release_id, env_file=f"{layout.current}/service.env",
         command=[systemd_quote(c) for c in command(spec, layout)], workdir=layout.current,
-        stop_timeout=spec.model.service.stop_timeout)
+        stop_timeout=spec.model.service.stop_timeout, user=spec.model.service.user)
 
 
 def systemd_quote(arg: str) -> str:
@@ -122,7 +122,7 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
     return {"release_id": spec.release_id, "command": command(spec, layout),
             "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
             "unit": unit(spec, layout), "host": listen(spec, layout)[0], "port": listen(spec, layout)[1],
-            "health_path": spec.model.health.path,
+            "health_path": spec.model.health.path, "user": svc.user,
             "manager": None if svc.manager == "auto" else svc.manager}
 
 

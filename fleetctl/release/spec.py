@@ -65,6 +65,8 @@ class Service(_Strict):
     manager: Literal["auto", "systemd", "process"] = "auto"
     stop_timeout: float = Field(default=30.0, gt=0)
     standin: bool = False  # lab only: run fleetctl's stand-in SGLang server instead of the real one
+    # The service runs as this user (systemd User=, the supervisor drops privileges); None: the SSH user.
+    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*[$]?$", max_length=32)
 
     @field_validator("env", mode="before")
     @classmethod

@@ -106,7 +106,8 @@ try:
 except BaseException as e:
     import traceback  # only now: its import is a few ms of every child's start
     res = {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
-                                  "traceback": traceback.format_exc()}}
+                                  "traceback": traceback.format_exc(),
+                                  "filename": getattr(e, "filename", None)}}
 out.write("\n%s\n%s\n%s\n" % (req["begin"], dumps(res), req["end"]))
 out.flush()
 if ns.get("EXIT_AT_ONCE") is True:  # a module with nothing to tidy up: skip the interpreter's teardown
@@ -116,7 +117,29 @@ if ns.get("EXIT_AT_ONCE") is True:  # a module with nothing to tidy up: skip the
 
 
 def _error(exc, tb=None):
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb or traceback.format_exc()}
+    err = {"type": type(exc).__name__, "message": str(exc), "traceback": tb or traceback.format_exc()}
+    if isinstance(exc, PermissionError):
+        not_permitted(err, exc.filename)
+    return err
+
+
+def login_name():
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % os.geteuid()
+
+
+def not_permitted(err, filename):
+    """A PermissionError that got past an operation's own check becomes the same one line (the
+    operations check first: see writable.py), never a raw errno and traceback for the user."""
+    if filename:
+        line = "cannot write %s as %s: run with --become (-b)" % (filename, login_name())
+    else:
+        line = "permission denied as %s (%s): run with --become (-b)" % (login_name(), err["message"])
+    err.update(type="NotPermitted", message=line)
 
 
 def read_exact(stream, n):
@@ -181,7 +204,11 @@ class Agent(object):
             tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
             return {"ok": False, "error": {"type": "ChildFailed", "traceback": "",
                                            "message": "%s exited %s: %s" % (python, proc.returncode, " | ".join(tail))}}
-        return json.loads(text[start + len(BEGIN):stop])
+        answer = json.loads(text[start + len(BEGIN):stop])
+        err = answer.get("error") or {}
+        if err.get("type") == "PermissionError":
+            not_permitted(err, err.get("filename"))
+        return answer
 
     def handle(self, req):
         op = req.get("op")

@@ -1,3 +1,4 @@
+# fleetctl-include: writable
 """Every distribution installed in one Python environment, and (optionally) whether its files
 still match its RECORD. Run by that environment's own interpreter (the agent starts it as a
 child), so the site-packages folders are the venv's.
@@ -6,7 +7,8 @@ Stdlib only, Python >= 3.8. One call answers everything drift needs from a host.
 
 params:
   verify_files: bool       hash every RECORD file; list missing files and orphans
-  cache_dir: str           where the hash cache lives (default /var/lib/fleetctl/cache)
+  cache_dir: str           where the hash cache lives (default /var/lib/fleetctl/cache; a user
+                           who cannot write it keeps its own in ~/.cache/fleetctl/cache)
   release_manifest: str    manifest.json of the release owning this venv (default: ../manifest.json)
   overlays_dir: str        where `fleetctl venv overlay` keeps its manifests (default /var/lib/fleetctl/overlays)
 """
@@ -492,7 +494,7 @@ DIST_OUTCOME = ("missing", "modified", "patched")
 def verify(dists, params):
     started = time.time()
     prefix = os.path.realpath(sys.prefix)
-    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), prefix)
+    cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), prefix)
     patched = release_hashes(params.get("release_manifest") or os.path.join(os.path.dirname(prefix),
                                                                              "manifest.json"))
     out = {"modified": [], "missing": [], "orphans": [], "patched": [], "foreign_shebangs": [],

@@ -1,5 +1,6 @@
 # fleetctl-include: relocate
 # fleetctl-include: venvinfo
+# fleetctl-include: writable
 # The source side of `fleetctl venv overlay`, run by the source venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -175,7 +176,7 @@ def main(params):
     info = interpreter()
     target = (params.get("target_prefix") or info["prefix"]).rstrip("/")
     patterns = params.get("packages") or []
-    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
     dists = []
     for name, version, entry in dist_infos(info["site"]):
         if wanted(name, patterns):

@@ -1,5 +1,6 @@
 # fleetctl-include: relocate
 # fleetctl-include: venvinfo
+# fleetctl-include: writable
 # The target side of `fleetctl venv overlay`, run by the target venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -42,7 +43,7 @@ def listing(params):
     the files its RECORD lists equals the source's (then its file list is left out)."""
     info = interpreter()
     site, names, trees = info["site"], set(params.get("names") or []), params.get("trees") or {}
-    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
     dists = {}
     for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
         folder = os.path.join(site, entry)
@@ -79,7 +80,7 @@ def tree_of(site, entry, rows, cache):
 def hashes(params):
     """sha256 of each RECORD path in `paths_z` (None when absent), packed."""
     info = interpreter()
-    cache = HashCache(params.get("cache_dir", "/var/lib/fleetctl/cache"), info["prefix"])
+    cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
     out = {}
     for rel in unpack_json(params.get("paths_z")) or []:
         out[rel] = cached_hash(cache, os.path.normpath(os.path.join(info["site"], rel)))
@@ -371,6 +372,10 @@ def apply(plan, read):
     dist-info written, RECORD last; 5. manifest; 6. journal removed."""
     started = time.time()
     applier = Applier(plan)
+    # Everything this run writes, checked before the journal (its first write) exists.
+    require_writable([[applier.site, "the venv's site-packages", None],
+                      [os.path.join(applier.prefix, "bin"), "the venv's scripts", None],
+                      [os.path.dirname(applier.journal), "overlay journal and manifests", "fleetctl_state_dir"]])
     applier.begin()
     source = Decompressor(read)
     received = set()
@@ -428,6 +433,8 @@ def stream_main():
         answer = {"ok": True, "result": apply(plan, read)}
     except DirectError as exc:
         answer = {"ok": False, "error": "DirectError: %s" % exc, "unreachable": str(exc)}
+    except NotPermitted as exc:  # refused before any change: the line as it is
+        answer = {"ok": False, "error": str(exc), "not_permitted": True}
     except Exception as exc:
         answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
     finally:

@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: writable
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
 
 Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
@@ -49,6 +50,7 @@ def op_lock(params):
     operation when its run was killed). ``break_holder`` (the holding agent's pid and start time,
     as a refusal reported them) ends exactly that agent, after which the lock is taken."""
     state_dir = params["state_dir"]
+    require_writable(write_targets(params))  # first: a user who may not deploy changes nothing
     os.makedirs(state_dir, exist_ok=True)
     if _LOCK["fd"] is not None:
         return {"locked": True}
@@ -82,6 +84,19 @@ def op_lock(params):
                   since=time.time())
     write_json(path + ".holder", holder)
     return {"locked": True, "broke": broke} if broke else {"locked": True}
+
+
+def write_targets(params):
+    """Every folder a deploy or rollback under this lock writes: [path, purpose, host var]."""
+    state_dir = params["state_dir"]
+    targets = [[state_dir, "deploy lock", "fleetctl_state_dir"],
+               [params["root"], "releases and current", "fleetctl_root"]]
+    manager = params.get("manager") or ("systemd" if os.path.isdir("/run/systemd/system") else "process")
+    if manager == "systemd":
+        targets.append(["/etc/systemd/system", "systemd unit", None])
+    else:
+        targets.append([os.path.join(state_dir, "service"), "service pid and log", "fleetctl_state_dir"])
+    return targets
 
 
 def process_start(pid):
@@ -280,7 +295,23 @@ def write_host_files(folder, params):
     """The service's files in a release folder: service.json, the stand-in, service.env (0600)."""
     for name, text in (params.get("extra_files") or {}).items():
         atomic_write(safe_join(folder, name), text.encode("utf-8"), 0o644)
-    atomic_write(os.path.join(folder, "service.env"), (params.get("env_file") or "").encode("utf-8"), 0o600)
+    env = os.path.join(folder, "service.env")
+    atomic_write(env, (params.get("env_file") or "").encode("utf-8"), 0o600)
+    share_with_service_user(env, params.get("service_user"))
+
+
+def share_with_service_user(path, user):
+    """service.env readable by the service's own user (spec service.user): root:<its group> 0640.
+    A user running the service as itself keeps it 0600, its own."""
+    if not user:
+        return
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    if entry.pw_uid == os.geteuid():
+        return
+    os.chown(path, 0, entry.pw_gid)
+    os.chmod(path, 0o640)
 
 
 def write_kernel_files(folder, files):

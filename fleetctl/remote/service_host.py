@@ -1,3 +1,4 @@
+# fleetctl-include: writable
 """The inference service on one host: a systemd unit, or a built-in process supervisor.
 
 Stdlib only, Python >= 3.8; runs inside the agent. The supervisor (hosts without systemd:
@@ -50,9 +51,16 @@ def detect():
     return "systemd" if os.path.isdir("/run/systemd/system") else "process"
 
 
-def paths(params):
-    folder = os.path.join(params["state_dir"], "service")
-    os.makedirs(folder, exist_ok=True)
+def service_dir(params):
+    return os.path.join(params["state_dir"], "service")
+
+
+def paths(params, create=False):
+    """The pidfile and log; only a start makes their folder (status and stop write nothing)."""
+    folder = service_dir(params)
+    if create:
+        require_writable([[folder, "service pid and log", "fleetctl_state_dir"]])
+        os.makedirs(folder, exist_ok=True)
     name = params.get("name") or "sglang"
     return os.path.join(folder, name + ".pid"), os.path.join(folder, name + ".log")
 
@@ -121,22 +129,55 @@ def tail(path, lines=15):
 
 
 def start(params):
-    pidfile, log = paths(params)
+    pidfile, log = paths(params, create=True)
     current = status(params)
     if current["running"]:
         return dict(current, started=False)
     env = dict(os.environ)
     env.update(read_env(params.get("env_file") or ""))
     command = [str(c) for c in params["command"]]
+    drop = privileges_of(params.get("user"))
+    if drop:
+        env.update(HOME=drop[3], USER=params["user"], LOGNAME=params["user"])
     with open(log, "ab") as out:
         out.write(("\n--- %s start: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(command))).encode())
         out.flush()
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True)
+                                cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
+                                preexec_fn=become_user(drop) if drop else None)
     marker = command[0]
     with open(pidfile, "w") as handle:
         handle.write("%d\n%s\n" % (proc.pid, marker))
     return {"manager": "process", "running": True, "pid": proc.pid, "started": True, "log": log}
+
+
+def privileges_of(user):
+    """(uid, gid, name, home) to run the service as (the spec's service.user), or None to keep ours.
+    Only root can switch; another user may run it as itself."""
+    if not user:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError("service.user %s: no such user on this host" % user)
+    if entry.pw_uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        raise NotPermitted("cannot run the service as %s while logged in as %s: run with --become (-b)"
+                           % (user, login_name()))
+    return entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir
+
+
+def become_user(drop):
+    uid, gid, name, _home = drop
+
+    def demote():  # in the child, before exec: groups, then gid, then uid (after which none can change)
+        os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
+    return demote
 
 
 def stop(params):
@@ -178,15 +219,24 @@ def reap(pid):
 
 
 def restart(params):
+    paths(params, create=True)  # refused before the running service is stopped
     stopped = stop(params)
     started = start(params)
     return dict(started, stopped=stopped.get("stopped", False), killed=stopped.get("killed", False))
 
 
+SYSTEMD_UNITS = "/etc/systemd/system"
+
+
 def systemd(op, params):
     unit = (params.get("name") or "sglang") + ".service"
+    if op != "status" and os.geteuid() != 0:  # systemctl on a system unit needs root
+        if op in ("start", "restart") and params.get("unit"):
+            require_writable([[os.path.join(SYSTEMD_UNITS, unit), "systemd unit", None]])
+        raise NotPermitted("cannot %s %s as %s (systemctl needs root): run with --become (-b)"
+                           % (op, unit, login_name()))
     if op in ("start", "restart") and params.get("unit"):
-        path = "/etc/systemd/system/" + unit
+        path = os.path.join(SYSTEMD_UNITS, unit)
         with open(path + ".tmp", "w") as handle:
             handle.write(params["unit"])
         os.rename(path + ".tmp", path)

@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: writable
 # The host side of `fleetctl venv create`, run by the agent's own python.
 #
 # Stdlib only, Python >= 3.8. Actions:
@@ -124,8 +125,17 @@ def commands(params, reqfile):
     return out
 
 
+def require_venv_writable(params, house=None):
+    """The venv (or the folder it will be made in) and the wheelhouse, before anything is written."""
+    targets = [[params["venv"], "the venv", None]] if params.get("venv") else []
+    if house:
+        targets.append([house, "wheelhouse", "fleetctl_state_dir"])
+    require_writable(targets)
+
+
 def apply(params):
     house = params.get("wheelhouse")
+    require_venv_writable(params, house)
     if house:
         check_wheels(house, params.get("wheels"))
     log = []
@@ -146,6 +156,7 @@ def main(params):
         return inspect(params)
     if action == "prepare":
         house = params.get("wheelhouse") or WHEELHOUSE
+        require_venv_writable(params, house)  # uploads come next: refuse before the first
         if not os.path.isdir(house):
             os.makedirs(house)
         return {"wheelhouse": house}

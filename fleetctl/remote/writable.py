@@ -1,0 +1,68 @@
+# Included by host-side modules that write (`# fleetctl-include: writable`): before an operation
+# changes anything, check that this user can write every folder it will write, and refuse in one
+# line naming the path when it cannot; and pick a per-user folder for caches this user cannot
+# keep where root keeps them.
+#
+# Stdlib only, Python >= 3.8. A target is [path, purpose, setting]: the folder (or file) the
+# operation writes, what it is for ("deploy lock"), and the host var that moves it
+# ("fleetctl_state_dir"), or None when no setting does.
+import os
+
+
+class NotPermitted(Exception):
+    """This user may not write where the operation must; nothing was changed. The agent reports the
+    message as it is (one line), and the controller shows it as that host's failure."""
+
+
+def login_name():
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % os.geteuid()
+
+
+def nearest_existing(path):
+    """``path`` when it exists, else its nearest existing parent: what creating it would write."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    return probe
+
+
+def can_write(path):
+    """Whether this user could write ``path`` or, where it does not exist yet, create it (and the
+    parents it lacks) the way the operation would: os.makedirs from the nearest existing parent."""
+    probe = nearest_existing(path)
+    if os.path.isdir(probe):
+        return os.access(probe, os.W_OK | os.X_OK)
+    if probe != os.path.abspath(path):
+        return False  # a file where a folder would have to be made
+    return os.access(probe, os.W_OK) and os.access(os.path.dirname(probe) or "/", os.W_OK | os.X_OK)
+
+
+def refusal(path, purpose, setting):
+    user = login_name()
+    line = "cannot write %s (%s) as %s: run with --become (-b)" % (path, purpose, user)
+    if setting:
+        line += " or set %s to a folder %s owns" % (setting, user)
+    return line
+
+
+def require_writable(targets):
+    """Raise NotPermitted for the first target this user cannot write; nothing is created."""
+    for path, purpose, setting in targets:
+        if path and not can_write(path):
+            raise NotPermitted(refusal(path, purpose, setting))
+
+
+def user_cache_dir(wanted, name):
+    """``wanted`` when this user can keep files there; else, for a non-root user, its own
+    ~/.cache/fleetctl/NAME (root's default cache folder is not writable by anyone else)."""
+    if wanted and (os.geteuid() == 0 or can_write(wanted)):
+        return wanted
+    if os.geteuid() == 0:
+        return wanted
+    return os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", name)
+
