@@ -17,6 +17,7 @@ class PingInfo:
     python_version: str
     connect_ms: float  # first contact: connection + agent start
     rtt_ms: float  # one request on the open agent channel
+    user: str = ""  # who the agent runs as (the become user under sudo)
 
     def to_dict(self) -> dict[str, object]:
         return self.__dict__.copy()
@@ -29,7 +30,7 @@ def _ping_one(ctx: HostContext) -> PingInfo:
     info = ctx.ping()
     done = time.perf_counter()
     return PingInfo(info.hostname, info.python, info.version,
-                    round((connected - start) * 1000, 1), round((done - connected) * 1000, 2))
+                    round((connected - start) * 1000, 1), round((done - connected) * 1000, 2), info.user)
 
 
 def ping(fleet: Fleet) -> dict[str, HostResult[PingInfo]]:

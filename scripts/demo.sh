@@ -64,5 +64,21 @@ step "Audit (playbook, read-only): facts, drift against the golden host, probes 
 step "Roll back in one step per host: switch + restart, nothing reinstalled" \
   f run $P/rollback.yml -e target=lab
 step "Status: current and previous release, service and health per host" f status
+
+say "Production's login: lab4 as an operator defines it in ssh_config (alias, user fleetop), with sudo"
+LAB=$(dirname "$INV")
+printf 'Host gpu-lab4\n  HostName 127.0.1.4\n  User fleetop\n  IdentityFile %s\n' "$LAB/id_ed25519" > "$DEMO/ssh_config"
+printf 'all:\n  hosts:\n    gpu-lab4:\n      service_host: 127.0.1.4\n' > "$DEMO/fleetop.yml"
+cp "$LAB/known_hosts" "$DEMO/known_hosts"
+export FLEETCTL_SSH_CONFIG="$PWD/$DEMO/ssh_config"
+printf '$ cat %s\n' "$DEMO/ssh_config"; cat "$DEMO/ssh_config"
+g() { $F -i "$DEMO/fleetop.yml" "$@"; }
+step "Without --become fleetop may read but not change: refused before anything is written" \
+  g deploy $R/ddtree-sglang-0.5.23-lab.yml
+step "With --become the agent starts under sudo: deploy" g -b deploy $R/ddtree-sglang-0.5.23-lab.yml
+step "Who ran it: the login user, and the user sudo gave" g -b shell 'echo "login $SUDO_USER, running as $(id -un)"'
+step "One-step rollback, as fleetop with sudo" g -b rollback
+step "Status through the alias" g status
+unset FLEETCTL_SSH_CONFIG
 step "Every run is journaled beside the inventory" f runs list
 printf '\nThe lab stays up for you to try: fleetctl -i %s ...   (fleetctl lab down stops it)\n' "$INV"

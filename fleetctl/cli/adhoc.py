@@ -22,11 +22,12 @@ def ping(app: AppContext) -> int:
         rows = []
         for name, res in results.items():
             v = res.value
-            rows.append([name, render.status_text(res), v.hostname if v else "", v.python if v else "",
+            rows.append([name, render.status_text(res), v.hostname if v else "", v.user if v else "",
+                         v.python if v else "",
                          v.python_version if v else "", f"{v.connect_ms:.0f}" if v else "",
                          f"{v.rtt_ms:.2f}" if v else ""])
         out = render.console()
-        out.print(render.table(None, ["host", "status", "hostname", "interpreter", "python",
+        out.print(render.table(None, ["host", "status", "hostname", "user", "interpreter", "python",
                                       "first ms", "rtt ms"], rows))
         render.print_failures(results)
         out.print(render.summary_line(results))

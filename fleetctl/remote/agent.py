@@ -16,6 +16,16 @@ import sys
 import traceback
 
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
+
+
+def user_name():
+    """Who the agent runs as (under become: the become user, not the login)."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
+
 # Compiled code of modules run under another interpreter (a venv's python), private to this user.
 CODE_CACHE = ("/var/lib/fleetctl/cache/code" if os.geteuid() == 0
               else os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", "code"))
@@ -214,7 +224,7 @@ class Agent(object):
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "result": {"python": sys.executable, "version": platform.python_version(),
-                                           "pid": os.getpid(), "hostname": platform.node()}}
+                                           "pid": os.getpid(), "hostname": platform.node(), "user": user_name()}}
         if op == "call":
             return self.call(req)
         raise ValueError("unknown op %r" % (op,))

@@ -81,6 +81,7 @@ class AgentInfo:
     version: str
     pid: int
     hostname: str
+    user: str = ""  # who the agent runs as: the become user under sudo
 
 
 class AgentClient:
