@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -233,3 +234,12 @@ def test_play_and_task_become_keywords(release_free_lab: LabHandle, fleetop_inve
     assert r.rc == 0, r.out + r.err
     got = {e["name"]: e["data"]["stdout"].strip() for e in r.json()["results"]["lab1"]}
     assert got == {"play": "root", "task off": "fleetop", "task user": "nobody"}
+
+
+def test_a_command_past_its_timeout_under_sudo_is_ended_with_all_it_started(
+        release_free_lab: LabHandle, fleetop_inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    r = cli(capsys, fleetop_inventory, "-b", "-l", "lab1", "-T", "2", "shell", "sleep 771 & sleep 772; echo done")
+    assert r.rc == 2 and "timed out" in r.out, r.out + r.err
+    time.sleep(1.5)
+    left = release_free_lab.ssh("lab1", "pgrep -f 'sleep 77[12]'", check=False)
+    assert left.returncode == 1, left.stdout  # root's processes, ended through sudo too

@@ -40,11 +40,11 @@ class PromptStream(Protocol):
 STARTED = b"@@FLEETCTL-BECOME-STARTED@@\n"
 
 
-def wrap(command: str, become: Become, announce: bool = True) -> str:
-    """``command`` (a POSIX shell line) run by /bin/sh as the become user. With ``announce`` the
-    shell first prints ``STARTED`` (the agent needs none: its hello says the same)."""
+def wrap(command: str, become: Become) -> str:
+    """``command`` (a POSIX shell line) run by /bin/sh as the become user, which first prints
+    ``STARTED``: sudo is done (a command may print nothing at all)."""
     how = ["-S", "-p", PROMPT] if become.password is not None else ["-n"]
-    script = f"printf '%s\\n' {shlex.quote(STARTED.decode().strip())}; {command}" if announce else command
+    script = f"printf '%s\\n' {shlex.quote(STARTED.decode().strip())}; {command}"
     argv = ["sudo", "-H", *how, "-u", become.user, "--", "/bin/sh", "-c", script]
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -65,14 +65,17 @@ class StartedStripper:
         return data.removeprefix(STARTED)
 
 
-def handshake(stream: PromptStream, become: Become, host: str, login: str, timeout: float) -> None:
+def handshake(stream: PromptStream, become: Become, host: str, login: str, timeout: float) -> bytes:
     """Wait until the wrapped command runs (its first stdout byte) or sudo refuses; answer the
-    prompt once. A refusal raises ``BecomeError``; nothing waits for input that will not come."""
+    prompt once. A refusal raises ``BecomeError``; nothing waits for input that will not come.
+    Returns what the command itself already wrote to stderr (read here, still the caller's)."""
     deadline = time.monotonic() + timeout
     said = b""
     sent = False
     while not stream.stdout_ready():
         said += stream.read_stderr(0.05)
+        if stream.stdout_ready():
+            break
         text = said.decode(errors="replace")
         refusal = refusal_reason(text, become, login)
         if refusal:
@@ -92,6 +95,7 @@ def handshake(stream: PromptStream, become: Become, host: str, login: str, timeo
         if time.monotonic() > deadline:
             raise BecomeError(host, f"sudo did not start the command within {timeout:g}s "
                                     f"(a prompt fleetctl cannot answer?){': ' + text.strip() if text.strip() else ''}")
+    return said
 
 
 def refusal_reason(text: str, become: Become, login: str) -> str | None:

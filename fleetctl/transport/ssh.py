@@ -200,14 +200,15 @@ class SSHConnector:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
 
-    def _exec(self, chan: Any, command: str, announce: bool = True) -> None:
-        """Start ``command`` on ``chan``; with become, through sudo, answered before returning."""
+    def _exec(self, chan: Any, command: str) -> bytes:
+        """Start ``command`` on ``chan``; with become, through sudo, answered before returning.
+        Returns the command's stderr that the sudo handshake read on the way."""
         if self.target.become is None:
             chan.exec_command(command)
-            return
-        chan.exec_command(become.wrap(command, self.target.become, announce))
-        become.handshake(ChannelStream(chan), self.target.become, self.host, self.target.user,
-                         self.target.connect_timeout)
+            return b""
+        chan.exec_command(become.wrap(command, self.target.become))
+        return become.handshake(ChannelStream(chan), self.target.become, self.host, self.target.user,
+                                self.target.connect_timeout)
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """``command`` through the login shell on its own channel. Output is kept in bounded memory
@@ -221,7 +222,7 @@ class SSHConnector:
         # The shell says its pid first: with become it is the shell under sudo, which _kill_group
         # then signals through sudo too.
         try:
-            self._exec(chan, f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
+            early = self._exec(chan, f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
         except Exception:
             chan.close()
             raise
@@ -229,6 +230,7 @@ class SSHConnector:
         out, err = BoundedCapture(), BoundedCapture()
         deadline = None if timeout is None else start + timeout
         pid = _PidReader()
+        err.add(pid.strip(early))
         started = become.StartedStripper() if self.target.become else None
         try:
             while True:
@@ -259,10 +261,12 @@ class SSHConnector:
             return
         try:
             chan = self._open().client.get_transport().open_session(timeout=self.target.connect_timeout)
-            # Without become the pid leads the session sshd made; with it, the shell under sudo.
-            group = f"-{pid}" if self.target.become is None else f"$(ps -o pgid= -p {pid} | tr -d ' ') {pid}"
-            self._exec(chan, f"for g in {group}; do kill -TERM -- -$g $g 2>/dev/null; done; sleep 1; "
-                             f"kill -KILL -- -{pid} {pid} 2>/dev/null; true", announce=False)
+            if self.target.become is None:  # the pid leads the session sshd made
+                chan.exec_command(f"kill -TERM -- -{pid} 2>/dev/null; sleep 1; kill -KILL -- -{pid} 2>/dev/null; true")
+            else:  # the pid is the shell under sudo, in the group sudo leads: end that group, as root
+                group = f"$(ps -o pgid= -p {pid} | tr -d ' ')"
+                self._exec(chan, f"g={group}; [ -n \"$g\" ] || exit 0; kill -TERM -$g; sleep 1; "
+                                 "kill -KILL -$g 2>/dev/null; echo done")
             chan.recv_exit_status()
             chan.close()
         except Exception:  # best effort: the session's end closes the command's pipes anyway
