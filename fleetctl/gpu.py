@@ -62,10 +62,6 @@ class GpuReadings:
     pcie_width_max: int | None = None
     performance_state: str | None = None
 
-    @property
-    def idle(self) -> bool:
-        return bool(self.clock_events.get("gpu_idle"))
-
 
 @dataclass(frozen=True)
 class GpuInfo:

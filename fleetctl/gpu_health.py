@@ -51,7 +51,7 @@ class Thresholds:
     retired_pages_max: int = 10  # gpu_retired_pages_max: more retired pages (single + double bit): amber
     temp_margin_min: int = 5  # gpu_temp_margin_min: this close (C) to the slowdown temperature: amber
     pcie_width_min: int = 8  # gpu_pcie_width_min: fewer lanes than this: red (fewer than max: amber)
-    pcie_gen_min: int = 3  # gpu_pcie_gen_min: a busy GPU's link below this generation: red
+    pcie_gen_min: int = 3  # gpu_pcie_gen_min: a link below this generation (in P0/P1): red
     nvlink_errors_max: int = 100  # gpu_nvlink_errors_max: more NVLink error counts on a link: amber
     xid_since: float | None = None  # gpu_xid_since: Xids logged before this (Unix time or ISO date) are old
     xid_ignore: frozenset[int] = frozenset()  # gpu_xid_ignore: Xid numbers never counted
@@ -158,14 +158,16 @@ class HostHealth:
 
 # --- the rules, one GPU at a time ----------------------------------------------------------------
 
-def _na(rule: str) -> Check:
+def _na(rule: str, gpu: GpuInfo | None = None) -> Check:
+    if gpu is not None and gpu.readings.ecc_mode == "Disabled":
+        return Check(rule, Level.GREEN, "n/a (ECC disabled)")
     return Check(rule, Level.GREEN, "n/a (not reported by this GPU)")
 
 
 def ecc_uncorrectable(gpu: GpuInfo, t: Thresholds) -> Check:
     r = gpu.readings
     if r.ecc_volatile_uncorrectable is None and r.ecc_aggregate_uncorrectable is None:
-        return _na("ecc_uncorrectable")
+        return _na("ecc_uncorrectable", gpu)
     bad = (r.ecc_volatile_uncorrectable or 0) > 0 or (r.ecc_aggregate_uncorrectable or 0) > 0
     return Check("ecc_uncorrectable", Level.RED if bad else Level.GREEN,
                  f"volatile {_n(r.ecc_volatile_uncorrectable)}, aggregate {_n(r.ecc_aggregate_uncorrectable)}")
@@ -174,7 +176,7 @@ def ecc_uncorrectable(gpu: GpuInfo, t: Thresholds) -> Check:
 def ecc_correctable(gpu: GpuInfo, t: Thresholds) -> Check:
     r = gpu.readings
     if r.ecc_volatile_correctable is None and r.ecc_aggregate_correctable is None:
-        return _na("ecc_correctable")
+        return _na("ecc_correctable", gpu)
     top = max(r.ecc_volatile_correctable or 0, r.ecc_aggregate_correctable or 0)
     return Check("ecc_correctable", Level.AMBER if top > t.ecc_correctable_max else Level.GREEN,
                  f"volatile {_n(r.ecc_volatile_correctable)}, aggregate {_n(r.ecc_aggregate_correctable)} "
@@ -237,14 +239,16 @@ def pcie_link(gpu: GpuInfo, t: Thresholds) -> Check:
     if r.pcie_width_current is None or r.pcie_width_max is None:
         return _na("pcie_link")
     value = f"Gen{_n(r.pcie_gen_current)} x{r.pcie_width_current} (max Gen{_n(r.pcie_gen_max)} x{r.pcie_width_max})"
-    gen_low = (r.pcie_gen_current is not None and r.pcie_gen_max is not None and r.pcie_gen_current < r.pcie_gen_max)
-    # An idle GPU may lower its link generation to save power; its width it keeps.
-    gen_red = r.pcie_gen_current is not None and r.pcie_gen_current < t.pcie_gen_min and not r.idle
+    gen_low = r.pcie_gen_current is not None and r.pcie_gen_max is not None and r.pcie_gen_current < r.pcie_gen_max
+    # In a power-saving state (P2 and below) a GPU lowers its link generation on purpose; never its width.
+    saving = r.performance_state not in (None, "P0", "P1")
+    gen_red = gen_low and not saving and r.pcie_gen_current is not None and r.pcie_gen_current < t.pcie_gen_min
     if r.pcie_width_current < t.pcie_width_min or gen_red:
         return Check("pcie_link", Level.RED, value + f" (red below x{t.pcie_width_min} or Gen{t.pcie_gen_min})")
-    if r.pcie_width_current < r.pcie_width_max or gen_low:
-        return Check("pcie_link", Level.AMBER, value + (" (idle)" if gen_low and r.idle else ""))
-    return Check("pcie_link", Level.GREEN, value)
+    if r.pcie_width_current < r.pcie_width_max or (gen_low and not saving):
+        return Check("pcie_link", Level.AMBER, value)
+    return Check("pcie_link", Level.GREEN, value + (f" ({r.performance_state}: a power-saving state lowers the "
+                                                    "link generation)" if gen_low else ""))
 
 
 def nvlink(links: list[NvLink], error: str | None, t: Thresholds) -> Check:
