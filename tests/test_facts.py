@@ -395,7 +395,8 @@ def test_h200_summary_rows_and_json() -> None:
     doc = json.loads(json.dumps(facts.to_dict()))
     assert doc["gpus"]["gpus"][0]["pci_bus_id"] == "00000000:00:06.0"
     assert doc["gpus"]["gpus"][0]["vbios_version"] == "96.00.A5.00.1A"
-    assert doc["gpu_health"]["level"] == "green" and doc["gpu_health"]["gpus"][1]["checks"][2]["rule"] == "row_remapping"
+    assert doc["gpu_health"]["level"] == "green"
+    assert doc["gpu_health"]["gpus"][1]["checks"][2]["rule"] == "row_remapping"
 
 
 def test_parse_facts_no_gpu_capture() -> None:
