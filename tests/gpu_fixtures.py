@@ -71,3 +71,25 @@ def fake_nvidia_smi(xml_path: str, nvlink_status_path: str | None = None) -> str
     nvlink = f"cat {nvlink_status_path}" if nvlink_status_path else "true"
     return (f"#!/bin/sh\ncase \"$1 $2\" in\n  '-q -x') cat {xml_path} ;;\n  'nvlink --status') {nvlink} ;;\n"
             f"  *) echo \"fake nvidia-smi: $*\" >&2; exit 2 ;;\nesac\n")
+
+
+FAKE_SMI_DIR = "/root/fake-nvidia-smi"  # on a lab host (its /root is its own)
+FAKE_SMI = f"{FAKE_SMI_DIR}/nvidia-smi"
+
+
+def install_fake_smi(lab: Any, host: str, xml: str, scratch: Path) -> None:
+    """Put a fake nvidia-smi printing ``xml`` (and no NVLink) on a lab host, at FAKE_SMI."""
+    local = scratch / f"fake-smi-{host}"
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "q.xml").write_text(xml)
+    (local / "nvlink.txt").write_text("")
+    (local / "nvidia-smi").write_text(fake_nvidia_smi(f"{FAKE_SMI_DIR}/q.xml", f"{FAKE_SMI_DIR}/nvlink.txt"))
+    lab.ssh(host, f"rm -rf {FAKE_SMI_DIR} && mkdir -p {FAKE_SMI_DIR}")
+    done = lab.sftp(host, "".join(f"put {local / n} {FAKE_SMI_DIR}/{n}\n" for n in ("q.xml", "nvlink.txt",
+                                                                                      "nvidia-smi")))
+    assert done.returncode == 0, done.stderr
+    lab.ssh(host, f"chmod 755 {FAKE_SMI}")
+
+
+def remove_fake_smi(lab: Any, host: str) -> None:
+    lab.ssh(host, f"rm -rf {FAKE_SMI_DIR}", check=False)
