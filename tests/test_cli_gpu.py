@@ -98,6 +98,8 @@ def test_a_failed_host_is_exit_2_and_a_bad_threshold_exit_3(tmp_path: Path,
     r = gpu_health(capsys, bad)
     assert (r.rc, r.out) == (3, "")
     assert r.err == "fleetctl: error: host good: variable gpu_pcie_width_min: expected a whole number, got 'wide'\n"
+    facts = run_cli(capsys, "-i", str(bad), "facts")
+    assert (facts.rc, facts.err) == (3, r.err)
 
 
 def test_gpu_health_module_fails_a_red_host_before_the_next_task(fleet: Path, tmp_path: Path,

@@ -205,7 +205,8 @@ def kernel_log():
             return {"source": "journalctl -k", "lines": [journal_line(t) for t in lines], "error": None}
         problems.append("journalctl -k: " + error)
     if shutil.which("dmesg"):
-        boot = time.time() - uptime() if uptime() is not None else None
+        up = uptime()
+        boot = time.time() - up if up is not None else None
         argvs = [["dmesg"]]
         if os.geteuid() != 0 and shutil.which("sudo"):
             argvs.append(["sudo", "-n", "dmesg"])
