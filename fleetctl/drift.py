@@ -22,7 +22,8 @@ from packaging.version import InvalidVersion, Version
 
 from fleetctl import hostpaths
 from fleetctl.errors import InputError, RemoteOperationError
-from fleetctl.gpu import GpuFacts, parse_gpu_facts
+from fleetctl.facts import collect_gpu
+from fleetctl.gpu import GpuFacts
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin
 from fleetctl.probes import probe_python
 from fleetctl.transport.base import HostResult, HostSession
@@ -64,7 +65,7 @@ class HostInventory:
     host: str
     venv: str | None
     python: str
-    stack: dict[str, str | None]  # python, abi, platform, driver, cuda, torch-cuda
+    stack: dict[str, str | None]  # python, abi, platform, driver, cuda, torch-cuda, vbios, gpu and gsp firmware
     markers: dict[str, str]
     dists: dict[str, list[Dist]]
     files: dict[str, Any] | None = None
@@ -107,7 +108,7 @@ def collect(session: HostSession, venv: str | None, verify_files: bool) -> HostI
         if exc.etype == "InterpreterNotFound":
             raise RemoteOperationError(session.name, "drift", exc.etype, f"no venv: {exc.remote_message}") from None
         raise
-    gpu = parse_gpu_facts(session.call("facts", {"gpu_only": True}).get("nvidia_smi"))
+    gpu = collect_gpu(session, health=False)
     return parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
 
 
@@ -121,6 +122,8 @@ def parse_inventory(host: str, venv: str | None, raw: Mapping[str, Any], gpu: Gp
     stack = {
         "python": raw.get("version"), "abi": raw.get("soabi"), "platform": raw.get("platform"),
         "nvidia-driver": gpu.driver_version, "cuda (driver)": gpu.cuda_version, "torch cuda": raw.get("torch_cuda"),
+        "vbios": gpu.versions("vbios_version"), "gpu firmware": gpu.versions("inforom_version"),
+        "gsp firmware": gpu.versions("gsp_firmware_version"),
     }
     return HostInventory(host, venv, raw.get("python", "?"), stack, raw.get("markers") or {}, dists, raw.get("files"))
 

@@ -40,7 +40,8 @@ def matrix(report: DriftReport, show_all: bool = False) -> Matrix:
         if held is None or CELL_KINDS.index(f.kind) < CELL_KINDS.index(held):  # the strongest class colours
             kinds[(f.host, f.package)] = f.kind
     rows = []
-    stack_rows = list(report.baseline.stack) or [r for inv in report.inventories.values() for r in inv.stack][:6]
+    stack_rows = list(report.baseline.stack) or list(dict.fromkeys(r for inv in report.inventories.values()
+                                                                    for r in inv.stack))
     for row in stack_rows:
         cells = [Cell(str(report.inventories[h].stack.get(row) or "-"), (kinds.get((h, row)) or "")) for h in hosts]
         rows.append((row, [Cell(str(report.baseline.stack.get(row) or "-"), ""), *cells]))

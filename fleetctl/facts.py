@@ -8,11 +8,12 @@ and is pure, so it is tested on captured real answers. ``facts_table_rows`` is t
 from __future__ import annotations
 
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.gpu import GpuFacts, describe_gpus, parse_gpu_facts
+from fleetctl.gpu_health import HostHealth, Thresholds, evaluate
 from fleetctl.transport.base import HostSession
 
 # The packages whose versions decide whether an SGLang host works (report order).
@@ -65,9 +66,26 @@ class HostFacts:
     interpreter: PythonInstall  # the one the agent runs on
     gpus: GpuFacts
     venv: VenvFacts | None = None
+    gpu_health: HostHealth | None = None  # the rules of gpu_health.py over ``gpus``
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(replace(self, gpu_health=None))
+        out["gpu_health"] = self.gpu_health.to_dict() if self.gpu_health else None
+        return out
+
+
+def gpu_params(session: HostSession) -> dict[str, Any]:
+    """The facts op's GPU parameters from the host's variables: ``nvidia_smi`` names the binary."""
+    path = session.vars.get("nvidia_smi")
+    return {"nvidia_smi": str(path)} if path else {}
+
+
+def collect_gpu(session: HostSession, health: bool = True) -> GpuFacts:
+    """One host's GPU facts alone (one ``nvidia-smi -q -x``; with ``health``, NVLink and Xids too)."""
+    raw = session.call("facts", {"gpu_only": True, "gpu_health": health, **gpu_params(session)})
+    if not isinstance(raw, dict):
+        raise AgentError(session.name, f"facts answered a {type(raw).__name__}, not an object")
+    return parse_gpu_facts(raw.get("nvidia_smi"))
 
 
 def venv_python(venv: str) -> str:
@@ -118,11 +136,14 @@ def parse_venv(raw_venv: dict[str, Any] | None, venv: str, check: dict[str, Any]
     return facts
 
 
-def parse_facts(raw_facts: dict[str, Any], raw_venv: dict[str, Any] | None, venv: str | None) -> HostFacts:
-    """The hosts' raw answers -> HostFacts. Pure; tolerates missing keys (older remote scripts)."""
+def parse_facts(raw_facts: dict[str, Any], raw_venv: dict[str, Any] | None, venv: str | None,
+                thresholds: Thresholds | None = None) -> HostFacts:
+    """The hosts' raw answers -> HostFacts, GPU health judged with ``thresholds`` (the defaults when
+    None). Pure; tolerates missing keys (older remote scripts)."""
     cpus = raw_facts.get("cpus") or {}
     memory = raw_facts.get("memory") or {}
     os_release = raw_facts.get("os") or {}
+    gpus = parse_gpu_facts(raw_facts.get("nvidia_smi"))
     return HostFacts(
         hostname=str(raw_facts.get("hostname") or ""),
         os=os_release.get("pretty_name"),
@@ -135,14 +156,16 @@ def parse_facts(raw_facts: dict[str, Any], raw_venv: dict[str, Any] | None, venv
         disks=dict(raw_facts.get("disks") or {}),
         pythons=[_python_install(p) for p in raw_facts.get("pythons") or []],
         interpreter=_python_install(raw_facts.get("interpreter") or {}),
-        gpus=parse_gpu_facts(raw_facts.get("nvidia_smi")),
+        gpus=gpus,
         venv=parse_venv(raw_venv, venv, raw_facts.get("venv")) if venv else None,
+        gpu_health=evaluate(gpus, thresholds or Thresholds(), str(raw_facts.get("hostname") or "")),
     )
 
 
 def collect_facts(session: HostSession, venv: str | None = None) -> HostFacts:
     """Ask one host for its facts (and its venv's ML stack when ``venv`` is given)."""
-    raw = session.call("facts", {"venv": venv} if venv else {})
+    thresholds = Thresholds.from_vars(session.vars, session.name)
+    raw = session.call("facts", {**({"venv": venv} if venv else {}), **gpu_params(session)})
     if not isinstance(raw, dict):
         raise AgentError(session.name, f"facts answered a {type(raw).__name__}, not an object")
     raw_venv: dict[str, Any] | None = None
@@ -153,7 +176,7 @@ def collect_facts(session: HostSession, venv: str | None = None) -> HostFacts:
         except RemoteOperationError as exc:  # the venv's python is broken: a fact, not a host failure
             answer = {"error": f"{python} could not run venv_packages: {exc.reason}"}
         raw_venv = answer if isinstance(answer, dict) else {"error": "venv_packages answered no object"}
-    return parse_facts(raw, raw_venv, venv)
+    return parse_facts(raw, raw_venv, venv, thresholds)
 
 
 def _bytes(n: int | None) -> str:
@@ -191,6 +214,8 @@ def facts_table_rows(facts: HostFacts) -> list[tuple[str, str]]:
     versions = sorted({p.version for p in facts.pythons if p.version})
     rows.append(("python", f"{facts.interpreter.version} (agent); found: {', '.join(versions) or 'none'}"))
     rows.append(("gpus", describe_gpus(facts.gpus)))
+    if facts.gpu_health is not None and (facts.gpus.gpus or facts.gpu_health.level.value != "green"):
+        rows.append(("gpu health", facts.gpu_health.summary()))
     if facts.venv is not None:
         rows.extend(_venv_rows(facts.venv))
     return rows

@@ -1,31 +1,66 @@
-"""nvidia-smi output -> typed GPU facts (controller side, pure).
+"""``nvidia-smi -q -x`` -> typed GPU facts (controller side, pure).
 
-The host side (``fleetctl/remote/facts.py``) only captures raw text, rc and stderr of
-``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` and of plain ``nvidia-smi`` (whose
-header holds "CUDA Version: 12.8"). Everything about their format lives here, tested against
-real captures in ``tests/fixtures/nvidia-smi/``.
+The host side (``fleetctl/remote/facts.py``) runs ``nvidia-smi -q -x`` once and captures its raw
+text, rc and stderr (plus ``nvidia-smi nvlink`` and the kernel log's Xid lines: ``gpu_logs.py``).
+Everything about the XML lives here, tested against real captures in ``tests/fixtures/nvidia-smi/``.
+The health rules over these facts are ``gpu_health.py``.
+
+Element names differ between drivers (``clocks_throttle_reasons`` became ``clocks_event_reasons``;
+ECC counters were ``single_bit``/``double_bit`` totals before they were ``sram_*``/``dram_*``; the
+temperature limits became relative "T.Limit" values): both shapes are read.
 """
 
 from __future__ import annotations
 
-import csv
 import re
+import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The exact --query-gpu field list the host runs; columns are parsed in this order.
-QUERY_FIELDS: tuple[str, ...] = (
-    "index", "name", "uuid", "memory.total", "driver_version", "compute_cap",
-    "persistence_mode", "mig.mode.current", "pci.bus_id",
-)
+from fleetctl.gpu_logs import KernelLog, NvLink, parse_kernel_log, parse_nvlink
+
 # What nvidia-smi prints when a field has no value on this GPU or driver.
 _MISSING = {
     "", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]",
+    "none", "unknown error", "insufficient permissions",
 }
-_CUDA_RE = re.compile(r"CUDA Version:\s*([0-9][0-9.]*)")
-_DRIVER_RE = re.compile(r"Driver Version:\s*([0-9][0-9.]*)")
-_MIB_RE = re.compile(r"^(\d+)\s*(?:MiB)?$", re.IGNORECASE)
+_INT_RE = re.compile(r"^(-?\d+)")
+_FLOAT_RE = re.compile(r"^(-?\d+(?:\.\d+)?)")
+# The XML carries no compute capability: it follows from the architecture (and, where one
+# architecture spans two, the name). None where unknown rather than a guess.
+_CAPABILITY = {"volta": "7.0", "turing": "7.5", "ada lovelace": "8.9", "hopper": "9.0"}
+_CAPABILITY_BY_NAME = ((r"A100|A30\b|A800", "8.0"), (r"\bA\d+|RTX A|GeForce RTX 30", "8.6"),
+                       (r"B300|GB300", "10.3"), (r"B200|GB200|B100", "10.0"),
+                       (r"RTX PRO|GeForce RTX 50|RTX 5\d\d\d", "12.0"))
+
+
+@dataclass(frozen=True)
+class GpuReadings:
+    """What the health rules read for one GPU; None where nvidia-smi gave no value."""
+
+    ecc_mode: str | None = None
+    ecc_volatile_correctable: int | None = None
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_aggregate_correctable: int | None = None
+    ecc_aggregate_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    remapped_correctable: int | None = None
+    remapped_uncorrectable: int | None = None
+    retired_single_bit: int | None = None
+    retired_double_bit: int | None = None
+    retired_pending: bool | None = None
+    clock_events: dict[str, bool] = field(default_factory=dict)  # hw_thermal_slowdown -> active?
+    temperature_c: int | None = None
+    slowdown_margin_c: int | None = None  # degrees left before HW slowdown
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    performance_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +76,12 @@ class GpuInfo:
     persistence_mode: bool | None
     mig_mode: str | None  # "Enabled" / "Disabled"; None where MIG does not apply ([N/A])
     pci_bus_id: str | None
+    architecture: str | None = None
+    serial: str | None = None
+    vbios_version: str | None = None
+    inforom_version: str | None = None  # the InfoROM image: the board's firmware
+    gsp_firmware_version: str | None = None
+    readings: GpuReadings = field(default_factory=GpuReadings)
 
     @property
     def sglang_name(self) -> str:
@@ -53,13 +94,21 @@ class GpuFacts:
 
     gpus: list[GpuInfo] = field(default_factory=list)
     driver_version: str | None = None
-    cuda_version: str | None = None  # highest CUDA the driver supports, from the header
+    cuda_version: str | None = None  # highest CUDA the driver supports
     error: str | None = None
     nvidia_smi: str | None = None  # path of the binary; None when the host has no nvidia-smi
+    nvlink: dict[int, list[NvLink]] = field(default_factory=dict)  # GPU index -> links; {} without NVLink
+    nvlink_error: str | None = None
+    kernel_log: KernelLog | None = None  # None when it was not read (no nvidia-smi, or not asked)
 
     @property
     def count(self) -> int:
         return len(self.gpus)
+
+    def versions(self, attr: str) -> str | None:
+        """One GPU attribute across the host's GPUs: "A" when all agree, "A + B" when they differ."""
+        seen = sorted({v for g in self.gpus if (v := getattr(g, attr))})
+        return " + ".join(seen) if seen else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,68 +120,145 @@ def sglang_device_name(name: str) -> str:
     return name.replace(" ", "_")
 
 
-def _value(raw: str) -> str | None:
-    text = raw.strip()
+# --- element values ------------------------------------------------------------------------------
+
+def _text(node: ET.Element | None, path: str) -> str | None:
+    found = node.find(path) if node is not None else None
+    if found is None or found.text is None:
+        return None
+    text = found.text.strip()
     return None if text.lower() in _MISSING else text
 
 
-def _enabled(raw: str) -> bool | None:
-    text = _value(raw)
-    if text is None:
-        return None
-    lowered = text.lower()
-    if lowered in ("enabled", "on"):
+def _int(node: ET.Element | None, path: str) -> int | None:
+    text = _text(node, path)
+    m = _INT_RE.match(text) if text else None
+    return int(m.group(1)) if m else None
+
+
+def _float(node: ET.Element | None, path: str) -> float | None:
+    text = _text(node, path)
+    m = _FLOAT_RE.match(text) if text else None
+    return float(m.group(1)) if m else None
+
+
+def _flag(node: ET.Element | None, path: str) -> bool | None:
+    text = (_text(node, path) or "").lower()
+    if text in ("enabled", "on", "yes", "active"):
         return True
-    if lowered in ("disabled", "off"):
+    if text in ("disabled", "off", "no", "not active"):
         return False
     return None
 
 
-def _mib(raw: str) -> int | None:
-    text = _value(raw)
-    match = _MIB_RE.match(text) if text else None
-    return int(match.group(1)) if match else None
+def _sum(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
-def parse_query_line(line: str) -> GpuInfo | None:
-    """One CSV row of the --query-gpu output; None when it does not have the expected shape."""
-    cells = next(csv.reader([line], skipinitialspace=True), [])
-    index = cells[0].strip() if cells else ""
-    if len(cells) != len(QUERY_FIELDS) or not index.isdigit() or _value(cells[1]) is None:
-        return None
-    return GpuInfo(
-        index=int(index),
-        name=cells[1].strip(),
-        uuid=_value(cells[2]),
-        memory_mib=_mib(cells[3]),
-        driver_version=_value(cells[4]),
-        compute_capability=_value(cells[5]),
-        persistence_mode=_enabled(cells[6]),
-        mig_mode=_value(cells[7]),
-        pci_bus_id=_value(cells[8]),
+def _ecc_totals(node: ET.Element | None) -> tuple[int | None, int | None]:
+    """(correctable, uncorrectable) of one ``volatile`` / ``aggregate`` block, either schema."""
+    if node is None:
+        return None, None
+    if node.find("single_bit") is not None or node.find("double_bit") is not None:  # before R535
+        return _int(node, "single_bit/total"), _int(node, "double_bit/total")
+    corr: list[int | None] = []
+    unc: list[int | None] = []
+    for child in node:
+        if child.tag.endswith("_threshold_exceeded"):
+            continue
+        if "uncorrectable" in child.tag:
+            unc.append(_int(node, child.tag))
+        elif "correctable" in child.tag:
+            corr.append(_int(node, child.tag))
+    return _sum(corr), _sum(unc)
+
+
+def _clock_events(gpu: ET.Element) -> dict[str, bool]:
+    block = gpu.find("clocks_event_reasons")
+    prefix = "clocks_event_reason_"
+    if block is None:
+        block, prefix = gpu.find("clocks_throttle_reasons"), "clocks_throttle_reason_"
+    events: dict[str, bool] = {}
+    for child in block if block is not None else []:
+        active = _flag(block, child.tag)
+        if active is not None:
+            events[child.tag.removeprefix(prefix)] = active
+    return events
+
+
+def _slowdown_margin(temp: ET.Element | None) -> int | None:
+    current, slowdown = _int(temp, "gpu_temp"), _int(temp, "gpu_temp_slow_threshold")
+    if current is not None and slowdown is not None:  # absolute limits (older drivers, most GPUs)
+        return slowdown - current
+    headroom, slow_at = _int(temp, "gpu_temp_tlimit"), _int(temp, "gpu_temp_slow_tlimit_threshold")
+    if headroom is not None and slow_at is not None:  # relative to T.Limit: slowdown when headroom hits slow_at
+        return headroom - slow_at
+    return None
+
+
+def _readings(gpu: ET.Element) -> GpuReadings:
+    ecc = gpu.find("ecc_errors")
+    vol_c, vol_u = _ecc_totals(ecc.find("volatile") if ecc is not None else None)
+    agg_c, agg_u = _ecc_totals(ecc.find("aggregate") if ecc is not None else None)
+    rows, pages, temp = gpu.find("remapped_rows"), gpu.find("retired_pages"), gpu.find("temperature")
+    power = gpu.find("gpu_power_readings")
+    if power is None:
+        power = gpu.find("power_readings")  # before R530
+    link = gpu.find("pci/pci_gpu_link_info")
+    return GpuReadings(
+        ecc_mode=_text(gpu, "ecc_mode/current_ecc"),
+        ecc_volatile_correctable=vol_c, ecc_volatile_uncorrectable=vol_u,
+        ecc_aggregate_correctable=agg_c, ecc_aggregate_uncorrectable=agg_u,
+        remap_pending=_flag(rows, "remapped_row_pending"), remap_failure=_flag(rows, "remapped_row_failure"),
+        remapped_correctable=_int(rows, "remapped_row_corr"), remapped_uncorrectable=_int(rows, "remapped_row_unc"),
+        retired_single_bit=_int(pages, "multiple_single_bit_retirement/retired_count"),
+        retired_double_bit=_int(pages, "double_bit_retirement/retired_count"),
+        retired_pending=_flag(pages, "pending_retirement") if _text(pages, "pending_retirement")
+        else _flag(pages, "pending_blacklist"),
+        clock_events=_clock_events(gpu),
+        temperature_c=_int(temp, "gpu_temp"), slowdown_margin_c=_slowdown_margin(temp),
+        power_draw_w=_float(power, "average_power_draw") or _float(power, "power_draw"),
+        power_limit_w=_float(power, "current_power_limit") or _float(power, "power_limit"),
+        pcie_gen_current=_int(link, "pcie_gen/current_link_gen"), pcie_gen_max=_int(link, "pcie_gen/max_link_gen"),
+        pcie_width_current=_int(link, "link_widths/current_link_width"),
+        pcie_width_max=_int(link, "link_widths/max_link_width"),
+        performance_state=_text(gpu, "performance_state"),
     )
 
 
-def parse_query_csv(text: str) -> tuple[list[GpuInfo], list[str]]:
-    """All rows of the --query-gpu output: (GPUs, lines that could not be parsed)."""
-    gpus: list[GpuInfo] = []
-    bad: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        gpu = parse_query_line(line)
-        if gpu is None:
-            bad.append(line.strip())
-        else:
-            gpus.append(gpu)
-    return gpus, bad
+def compute_capability(architecture: str | None, name: str) -> str | None:
+    for pattern, capability in _CAPABILITY_BY_NAME:
+        if re.search(pattern, name):
+            return capability
+    return _CAPABILITY.get((architecture or "").lower())
 
 
-def parse_header(text: str) -> tuple[str | None, str | None]:
-    """(driver version, CUDA version) from plain nvidia-smi's banner."""
-    driver = _DRIVER_RE.search(text)
-    cuda = _CUDA_RE.search(text)
-    return (driver.group(1) if driver else None, cuda.group(1) if cuda else None)
+def parse_gpu(index: int, gpu: ET.Element, driver: str | None) -> GpuInfo:
+    name = _text(gpu, "product_name") or "?"
+    architecture = _text(gpu, "product_architecture")
+    return GpuInfo(
+        index=index,  # nvidia-smi's index is the document's order (PCI order), not the minor number
+        name=name, uuid=_text(gpu, "uuid"), memory_mib=_int(gpu, "fb_memory_usage/total"),
+        driver_version=driver, compute_capability=compute_capability(architecture, name),
+        persistence_mode=_flag(gpu, "persistence_mode"), mig_mode=_text(gpu, "mig_mode/current_mig"),
+        pci_bus_id=_text(gpu, "pci/pci_bus_id") or gpu.get("id"), architecture=architecture,
+        serial=_text(gpu, "serial"), vbios_version=_text(gpu, "vbios_version"),
+        inforom_version=_text(gpu, "inforom_version/img_version"),
+        gsp_firmware_version=_text(gpu, "gsp_firmware_version"), readings=_readings(gpu),
+    )
+
+
+def parse_xml(text: str) -> tuple[list[GpuInfo], str | None, str | None]:
+    """(GPUs, driver version, CUDA version) of one ``nvidia-smi -q -x`` document; ValueError if not one."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ValueError(f"nvidia-smi -q -x printed no readable XML ({exc})") from None
+    if root.tag != "nvidia_smi_log":
+        raise ValueError(f"nvidia-smi -q -x printed <{root.tag}>, not <nvidia_smi_log>")
+    driver, cuda = _text(root, "driver_version"), _text(root, "cuda_version")
+    return [parse_gpu(i, g, driver) for i, g in enumerate(root.findall("gpu"))], driver, cuda
 
 
 def command_failure(result: dict[str, Any] | None) -> str | None:
@@ -151,24 +277,26 @@ def command_failure(result: dict[str, Any] | None) -> str | None:
 
 def parse_gpu_facts(raw: dict[str, Any] | None) -> GpuFacts:
     """The ``nvidia_smi`` object of the host's facts answer -> GpuFacts (never raises on bad text)."""
-    if raw is None:
+    if raw is None or raw.get("path") is None:
         return GpuFacts()
     facts = GpuFacts(nvidia_smi=raw.get("path"))
-    header = raw.get("header") or {}
-    if header.get("rc") == 0:
-        facts.driver_version, facts.cuda_version = parse_header(header.get("stdout") or "")
-    query = raw.get("query")
-    facts.error = command_failure(query)
-    if facts.error is not None or query is None:
+    xml = raw.get("xml")
+    facts.error = command_failure(xml)
+    if "kernel_log" in raw:
+        facts.kernel_log = parse_kernel_log(raw.get("kernel_log"))
+    if facts.error is not None or xml is None:
         return facts
-    facts.gpus, bad = parse_query_csv(query.get("stdout") or "")
-    if bad:
-        facts.error = f"unparsed nvidia-smi line(s): {'; '.join(bad[:3])}"
-    elif not facts.gpus:
+    if xml.get("truncated"):
+        facts.error = "nvidia-smi -q -x output was cut at the host's size limit"
+        return facts
+    try:
+        facts.gpus, facts.driver_version, facts.cuda_version = parse_xml(xml.get("stdout") or "")
+    except ValueError as exc:
+        facts.error = str(exc)
+        return facts
+    if not facts.gpus:
         facts.error = "nvidia-smi listed no GPUs"
-    drivers = [g.driver_version for g in facts.gpus if g.driver_version]
-    if drivers:
-        facts.driver_version = drivers[0]
+    facts.nvlink, facts.nvlink_error = parse_nvlink(raw.get("nvlink_status"), raw.get("nvlink_errors"))
     return facts
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import InputError
-from fleetctl.facts import venv_python
-from fleetctl.gpu import GpuFacts, parse_gpu_facts, sglang_device_name
+from fleetctl.facts import collect_gpu, venv_python
+from fleetctl.gpu import GpuFacts, sglang_device_name
 from fleetctl.transport.base import HostSession
 
 ENV_VAR = "SGLANG_MOE_CONFIG_DIR"
@@ -246,8 +246,7 @@ def resolve_triton(raw: Mapping[str, Any] | None, host_vars: Mapping[str, Any], 
 def gather(session: HostSession, venv: str | None, contents: bool = False) -> tuple[KernelHost, dict[str, str]]:
     """Ask one host (its nvidia-smi, and ``venv``'s python) and return its KernelHost, plus the text of
     every built-in config (``triton_X_Y_Z/name`` -> text) when ``contents``."""
-    raw_gpu = session.call("facts", {"gpu_only": True})
-    gpus = parse_gpu_facts(raw_gpu.get("nvidia_smi") if isinstance(raw_gpu, dict) else None)
+    gpus = collect_gpu(session, health=False)
     answer = session.call("kernel_configs", {"op": "inspect", "contents": contents},
                           python=venv_python(venv) if venv else None)
     where = venv or f"the agent's python {answer.get('python')}"
@@ -380,8 +379,7 @@ class CollectItem:
 
 
 def fetch_tuning_output(session: HostSession, src: str, venv: str | None) -> Collected:
-    raw_gpu = session.call("facts", {"gpu_only": True})
-    names, gpu_source = resolve_gpu(parse_gpu_facts(raw_gpu.get("nvidia_smi")), session.vars)
+    names, gpu_source = resolve_gpu(collect_gpu(session, health=False), session.vars)
     answer = session.call("kernel_configs", {"op": "collect", "src": src}, python=venv_python(venv) if venv else None)
     version, source = resolve_triton(answer.get("triton"), session.vars, venv or f"the agent's python "
                                                                              f"{answer.get('python')}")

@@ -138,3 +138,29 @@ def gathered(values: dict[str, str]) -> str:
         return next(iter(groups))
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
     return "\n".join(f"{','.join(hosts)}: {value}" for value, hosts in ordered)
+
+
+LEVEL_STYLE = {"green": "green", "amber": "bold dark_orange", "red": "bold red"}
+
+
+def level_text(level: str) -> Any:
+    """A verdict as a word beside its colour ("RED", "AMBER", "green"): readable without colour too."""
+    from rich.text import Text
+
+    return Text(level.upper() if level != "green" else level, style=LEVEL_STYLE.get(level, ""))
+
+
+def print_gpu_health(results: dict[str, HostResult[Any]], rows: Sequence[Sequence[Any]]) -> None:
+    """``gpu health``: one row per check, then each host's verdict and the failed hosts."""
+    from rich.text import Text
+
+    out = console()
+    table_rows = [[host, gpu, rule, level_text(str(level)), value] for host, gpu, rule, level, value in rows]
+    out.print(table("GPU health", ["host", "gpu", "check", "verdict", "value"], table_rows))
+    for name, res in sorted(results.items()):
+        if res.ok and res.value is not None:
+            level = str(res.value.level)
+            out.print(Text.assemble((name, "bold"), ": ", level_text(level),
+                                    res.value.summary().removeprefix(level)))
+    print_failures(results)
+    out.print(summary_line(results))

@@ -307,3 +307,44 @@ def test_secrets_never_reach_output_or_journal(lab: LabHandle, tmp_path: Path,
         assert token not in plain.out + plain.err and "got token=********" in plain.out
     finally:
         inv.unlink()
+
+
+def test_red_gpu_host_is_left_out_of_the_rollout(lab: LabHandle, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy-ddtree.yml's own tasks, every host with a fake nvidia-smi (host var nvidia_smi): lab2 prints
+    the real H200 capture with row remapping pending. Its gpu_health task fails before the release task,
+    so nothing is built or switched there; it counts against the budget and the recap names it. With the
+    repo's budget (0%) that halts the rollout; with max_failures: 1 the other hosts deploy."""
+    from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fake_smi
+
+    for host in HOSTS:
+        install_fake_smi(lab, host, derive("remap-pending") if host == "lab2" else H200_XML, tmp_path)
+    try:
+        smi = ("-e", "target=lab", "-e", f"nvidia_smi={FAKE_SMI}", "-e", f"release_spec={DDTREE}")
+        repo = run(capsys, lab, str(REPO / "playbooks" / "deploy-ddtree.yml"), *smi, "-l", "lab2,lab3", "--json")
+        doc = repo.json()
+        assert repo.rc == 2 and doc["status"] == "halted", repo.out + repo.err
+        assert doc["recap"]["lab2"]["failed"] == 1
+        assert doc["results"]["lab2"][0]["msg"].startswith("GPU health red: GPU 0 row_remapping (pending: yes")
+        assert [r["name"] for r in doc["results"]["lab2"]] == ["GPU health (a red host is left out, before "
+                                                               "anything is deployed to it)"]
+        assert currents(lab) == dict.fromkeys(HOSTS, plain_id())  # the canary was red: nothing deployed
+
+        plays = yaml.safe_load((REPO / "playbooks" / "deploy-ddtree.yml").read_text())
+        del plays[0]["max_fail_percentage"]
+        plays[0]["max_failures"] = 1
+        book = playbook(tmp_path, plays, "deploy-budget-1.yml")
+        r = run(capsys, lab, str(book), *smi, "--json")
+        doc = r.json()
+        assert r.rc == 2 and doc["status"] == "failed", r.out + r.err  # a host failed: exit 2, not halted
+        assert currents(lab) == {"lab1": ddtree_id(), "lab2": plain_id(), "lab3": ddtree_id(), "lab4": ddtree_id()}
+        assert serving(lab, "lab2") == plain_id()
+        assert not [d for d in lab.ssh("lab2", "ls /opt/fleetctl/releases").stdout.split() if d == ddtree_id()]
+        assert doc["recap"]["lab2"]["failed"] == 1 and doc["recap"]["lab2"]["changed"] == 0
+        assert all(doc["recap"][h]["failed"] == 0 and doc["recap"][h]["changed"] == 1 for h in ("lab1", "lab3",
+                                                                                                 "lab4"))
+        events = journal_events(lab, doc["run_id"])
+        assert [e["failed"] for e in events if e["event"] == "batch_end"] == [[], ["lab2"], []]
+    finally:
+        for host in HOSTS:
+            remove_fake_smi(lab, host)

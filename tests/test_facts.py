@@ -123,24 +123,24 @@ def _fake_smi(tmp_path: Path, body: str) -> str:
 
 
 def test_facts_with_a_fake_nvidia_smi_printing_the_h200_capture(tmp_path: Path) -> None:
-    h200 = FIXTURES / "nvidia-smi" / "h200"
-    smi = _fake_smi(tmp_path, f'echo "$@" > {tmp_path}/argv\ncase "$1" in\n'
-                              f'  --query-gpu=*) cat {h200}/query-gpu.csv ;;\n'
-                              f'  *) cat {h200}/nvidia-smi.txt ;;\nesac\n')
+    h200 = FIXTURES / "nvidia-smi" / "h200-xml"
+    smi = _fake_smi(tmp_path, f'echo "$@" >> {tmp_path}/argv\ncase "$1" in\n'
+                              f'  -q) cat {h200}/nvidia-smi-q-x.xml ;;\n'
+                              f'  nvlink) cat {h200}/nvlink-status.txt ;;\nesac\n')
     answer = load_remote("facts").main({"nvidia_smi": smi})
-    assert (tmp_path / "argv").read_text().strip() == ""  # plain nvidia-smi ran last
-    assert answer["nvidia_smi"]["query"]["argv"][1:] == [
-        "--query-gpu=index,name,uuid,memory.total,driver_version,compute_cap,persistence_mode,"
-        "mig.mode.current,pci.bus_id", "--format=csv,noheader,nounits"]
-    gpus = parse_facts(answer, None, None).gpus
-    assert describe_gpus(gpus) == "1x NVIDIA H200 (143771 MiB), driver 580.159.04, CUDA 13.0"
+    # One nvidia-smi -q -x, then nvlink --status (empty: no NVLink, so no `nvlink -e`).
+    assert (tmp_path / "argv").read_text().splitlines() == ["-q -x", "nvlink --status"]
+    assert answer["nvidia_smi"]["xml"]["argv"][1:] == ["-q", "-x"]
+    parsed = parse_facts(answer, None, None)
+    assert describe_gpus(parsed.gpus) == "1x NVIDIA H200 (143771 MiB), driver 580.159.04, CUDA 13.0"
+    assert parsed.gpu_health is not None and parsed.gpu_health.summary() == "green: 1 GPU, every check green"
 
 
 def test_facts_with_nvidia_smi_whose_driver_is_not_loaded(tmp_path: Path) -> None:
     stdout = FIXTURES / "nvidia-smi" / "driver-failure" / "stdout.txt"
     smi = _fake_smi(tmp_path, f"cat {stdout}\nexit 9\n")
     answer = load_remote("facts").main({"nvidia_smi": smi})
-    assert answer["nvidia_smi"]["query"]["rc"] == 9  # kept for the controller, not raised
+    assert answer["nvidia_smi"]["xml"]["rc"] == 9  # kept for the controller, not raised
     gpus = parse_facts(answer, None, None).gpus
     assert gpus.gpus == [] and gpus.nvidia_smi == smi
     assert gpus.error == ("nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate with "
@@ -152,7 +152,7 @@ def test_facts_with_nvidia_smi_that_cannot_execute(tmp_path: Path) -> None:
     broken.write_text("not a program")
     broken.chmod(0o644)
     answer = load_remote("facts").main({"nvidia_smi": str(broken)})
-    assert answer["nvidia_smi"]["query"]["rc"] is None
+    assert answer["nvidia_smi"]["xml"]["rc"] is None
     assert "Permission denied" in parse_facts(answer, None, None).gpus.error  # type: ignore[operator]
 
 
@@ -370,7 +370,7 @@ def _h200() -> HostFacts:
 def test_parse_facts_h200_capture() -> None:
     facts = _h200()
     assert (facts.hostname, facts.os, facts.arch) == ("vm", "Ubuntu 24.04.3 LTS", "x86_64")
-    assert (facts.cpus, facts.cpus_usable, facts.memory_total) == (16, 16, 135148564480)
+    assert (facts.cpus, facts.cpus_usable, facts.memory_total) == (16, 16, 135128870912)
     assert facts.interpreter.version == "3.12.3" and facts.interpreter.path == "/opt/torch/.venv/bin/python3"
     assert {p.version for p in facts.pythons} == {"3.12.3"}
     gpu = facts.gpus.gpus[0]
@@ -389,9 +389,14 @@ def test_h200_summary_rows_and_json() -> None:
     assert rows["gpus"] == "1x NVIDIA H200 (143771 MiB), driver 580.159.04, CUDA 13.0"
     assert rows["torch"] == "2.11.0 (CUDA 13.0)" and rows["triton"] == "3.6.0" and rows["flashinfer"] == "-"
     assert "sgl-kernel" not in rows  # neither kernel name installed: no noise rows
-    assert rows["memory"] == "125.4 GiB available of 125.9 GiB"
-    assert rows["os"] == "Ubuntu 24.04.3 LTS, kernel 6.18.44-fc-v657-gpu (x86_64)"
-    assert json.loads(json.dumps(facts.to_dict()))["gpus"]["gpus"][0]["pci_bus_id"] == "00000000:00:06.0"
+    assert rows["memory"] == "125.4 GiB available of 125.8 GiB"
+    assert rows["os"] == "Ubuntu 24.04.3 LTS, kernel 6.18.44-fc-v973-gpu (x86_64)"
+    assert rows["gpu health"] == "green: 1 GPU, every check green"
+    doc = json.loads(json.dumps(facts.to_dict()))
+    assert doc["gpus"]["gpus"][0]["pci_bus_id"] == "00000000:00:06.0"
+    assert doc["gpus"]["gpus"][0]["vbios_version"] == "96.00.A5.00.1A"
+    assert doc["gpu_health"]["level"] == "green"
+    assert doc["gpu_health"]["gpus"][1]["checks"][2]["rule"] == "row_remapping"
 
 
 def test_parse_facts_no_gpu_capture() -> None:

@@ -221,9 +221,8 @@ def test_merge_keeps_every_built_in_file_and_tuned_win_on_a_clash() -> None:
 
 
 def test_gpu_and_triton_from_facts_with_host_vars_standing_in() -> None:
-    smi = FIXTURES / "nvidia-smi" / "h200"
-    ok = {"rc": 0, "stdout": (smi / "query-gpu.csv").read_text(), "stderr": ""}
-    h200 = parse_gpu_facts({"path": "/usr/bin/nvidia-smi", "query": ok, "header": ok})
+    xml = (FIXTURES / "nvidia-smi" / "h200-xml" / "nvidia-smi-q-x.xml").read_text()
+    h200 = parse_gpu_facts({"path": "/usr/bin/nvidia-smi", "xml": {"rc": 0, "stdout": xml, "stderr": ""}})
     assert k.resolve_gpu(h200, {}) == (["NVIDIA H200"], "nvidia-smi")
     assert k.resolve_gpu(h200, {"gpu_name": "NVIDIA B200"}) == (
         ["NVIDIA H200"], "nvidia-smi; host var gpu_name='NVIDIA B200' ignored")

@@ -25,9 +25,18 @@ def test_deploy_ddtree_is_canary_first_with_rollback_all() -> None:
     play = load_playbook(REPO / "playbooks" / "deploy-ddtree.yml").plays[0]
     assert play.model.serial == [1, "50%", "100%"]
     assert play.model.on_failure == "rollback_all"
-    assert [t.module.name for t in play.tasks] == ["release", "probe", "wait_http"]
+    # GPU health first: a red host fails before the release task and never gets the release
+    assert [t.module.name for t in play.tasks] == ["gpu_health", "release", "probe", "wait_http"]
     hosts = [f"h{i}" for i in range(1, 9)]
     assert rollout.batches(hosts, play.model.serial) == [["h1"], hosts[1:5], hosts[5:]]
+
+
+def test_provision_and_audit_check_gpu_health() -> None:
+    for name in ("provision.yml", "audit.yml"):
+        tasks = load_playbook(REPO / "playbooks" / name).plays[0].tasks
+        assert "gpu_health" in [t.module.name for t in tasks], name
+    audit = {t.module.name: t for t in load_playbook(REPO / "playbooks" / "audit.yml").plays[0].tasks}
+    assert audit["gpu_health"].options.ignore_errors and audit["gpu_health"].options.register_as == "gpu_result"
 
 
 def test_free_form_and_options(tmp_path: Path) -> None:

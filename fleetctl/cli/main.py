@@ -26,7 +26,7 @@ COMMANDS = {
     "rollback": "fleetctl.cli.release:rollback", "status": "fleetctl.cli.release:status",
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
-    "lab": "fleetctl.cli.lab:lab",
+    "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
 }
 
 

@@ -1,15 +1,19 @@
 """Host facts, gathered ON the host: system, disks, Python interpreters, raw nvidia-smi output.
 
 Stdlib only, Python >= 3.8. ``main(params)`` returns one JSON-able dict and never prints.
-Parsing of nvidia-smi happens on the controller (fleetctl/gpu.py): here we only capture the raw
-text, rc and stderr so a failing driver is reported, not hidden.
+Parsing of nvidia-smi happens on the controller (fleetctl/gpu.py, gpu_logs.py): here we only
+capture the raw text, rc and stderr so a failing driver is reported, not hidden: one
+``nvidia-smi -q -x``, ``nvidia-smi nvlink --status`` (and ``-e`` where links exist), and the
+kernel log's ``NVRM: Xid`` lines.
 
 params (all optional):
   disk_paths:   paths whose filesystem free/total bytes are reported (default /, /opt, /var/lib)
   venv:         a venv folder; its bin/python is checked (exists? dangling link?) and pyvenv.cfg read
   nvidia_smi:   path of the nvidia-smi binary to use instead of searching (tests, odd installs)
+  gpu_health:   also NVLink and the kernel log's Xid lines (default true; with gpu_only, default false)
 """
 
+import collections
 import os
 import platform
 import re
@@ -17,16 +21,20 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-GPU_QUERY_FIELDS = (
-    "index,name,uuid,memory.total,driver_version,compute_cap,"
-    "persistence_mode,mig.mode.current,pci.bus_id"
-)
 DEFAULT_DISK_PATHS = ("/", "/opt", "/var/lib")
 SMI_TIMEOUT_S = 20.0
 PYTHON_TIMEOUT_S = 5.0
 MAX_OUTPUT_CHARS = 200000  # nvidia-smi with many processes can be long; keep the JSON bounded
+MAX_XML_CHARS = 4000000  # nvidia-smi -q -x of 8 GPUs is about 50 KB once supported_clocks is dropped
+# The supported-clocks table is 80% of the XML and nothing reads it: dropped on the host.
+SUPPORTED_CLOCKS = re.compile(r"[ \t]*<supported_clocks>.*?</supported_clocks>\n?", re.DOTALL)
+XID_MARK = "NVRM: Xid"
+MAX_XID_LINES = 200  # the newest ones
+UNREADABLE = re.compile(r"insufficient permissions|not seeing messages from other users", re.IGNORECASE)
 PYTHON_NAME = re.compile(r"^python3(\.\d+)?$")
 PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
 VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
@@ -35,10 +43,10 @@ VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 def main(params):
     params = params or {}
     if params.get("gpu_only"):  # drift needs the GPU stack alone: skip the slower discovery
-        return {"schema": 1, "nvidia_smi": nvidia_smi(params.get("nvidia_smi"))}
+        return {"schema": 2, "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), bool(params.get("gpu_health")))}
     disk_paths = params.get("disk_paths") or DEFAULT_DISK_PATHS
     answer = {
-        "schema": 1,
+        "schema": 2,
         "hostname": socket.gethostname(),
         "os": os_release(),
         "kernel": platform.release(),
@@ -52,7 +60,7 @@ def main(params):
             "full_version": sys.version,
         },
         "pythons": find_pythons(),
-        "nvidia_smi": nvidia_smi(params.get("nvidia_smi")),
+        "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), params.get("gpu_health", True)),
     }
     if params.get("venv"):
         answer["venv"] = venv_check(params["venv"])
@@ -168,16 +176,102 @@ def find_nvidia_smi(override=None):
     return None
 
 
-def nvidia_smi(override=None):
-    """Raw outputs of the GPU query and of plain nvidia-smi; None when nvidia-smi is absent."""
+def nvidia_smi(override=None, health=True):
+    """Raw ``nvidia-smi -q -x`` (and, with ``health``, NVLink state and counters and the kernel
+    log's Xid lines); None when nvidia-smi is absent."""
     path = find_nvidia_smi(override)
     if path is None:
         return None
-    query = [path, "--query-gpu=" + GPU_QUERY_FIELDS, "--format=csv,noheader,nounits"]
-    return {"path": path, "query": run_capture(query), "header": run_capture([path])}
+    xml = run_capture([path, "-q", "-x"], limit=MAX_XML_CHARS, strip=SUPPORTED_CLOCKS)
+    answer = {"path": path, "xml": xml}
+    if not health:
+        return answer
+    if xml["rc"] == 0 and "<gpu " in xml["stdout"]:
+        status = run_capture([path, "nvlink", "--status"])
+        answer["nvlink_status"] = status
+        if status["rc"] == 0 and "Link " in status["stdout"]:  # only where NVLink exists
+            answer["nvlink_errors"] = run_capture([path, "nvlink", "-e"])
+    answer["kernel_log"] = kernel_log()
+    return answer
 
 
-def run_capture(argv, timeout=SMI_TIMEOUT_S):
+def kernel_log():
+    """The kernel log's Xid lines of this boot: journalctl -k, else dmesg (with sudo -n when only root
+    may read it). ``error`` says why none could be read; every line has its Unix time where known."""
+    problems = []
+    if shutil.which("journalctl"):
+        lines, error = grep_command(["journalctl", "-k", "-b", "-o", "short-unix", "--no-pager"])
+        if error is None:
+            return {"source": "journalctl -k", "lines": [journal_line(t) for t in lines], "error": None}
+        problems.append("journalctl -k: " + error)
+    if shutil.which("dmesg"):
+        up = uptime()
+        boot = time.time() - up if up is not None else None
+        argvs = [["dmesg"]]
+        if os.geteuid() != 0 and shutil.which("sudo"):
+            argvs.append(["sudo", "-n", "dmesg"])
+        for argv in argvs:
+            lines, error = grep_command(argv)
+            if error is None:
+                return {"source": " ".join(argv), "lines": [dmesg_line(t, boot) for t in lines], "error": None}
+            problems.append(" ".join(argv) + ": " + error)
+    else:
+        problems.append("dmesg: not installed")
+    return {"source": None, "lines": [], "error": "; ".join(problems) or "no kernel log reader"}
+
+
+def journal_line(text):
+    head, _, rest = text.partition(" ")
+    try:
+        return {"time": float(head), "text": rest}
+    except ValueError:
+        return {"time": None, "text": text}
+
+
+def dmesg_line(text, boot):
+    m = re.match(r"^\[\s*(\d+\.\d+)\]\s*(.*)$", text)
+    if not m:
+        return {"time": None, "text": text}
+    return {"time": boot + float(m.group(1)) if boot is not None else None, "text": m.group(2)}
+
+
+def uptime(path="/proc/uptime"):
+    try:
+        with open(path) as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def grep_command(argv, mark=XID_MARK, timeout=SMI_TIMEOUT_S, keep=MAX_XID_LINES):
+    """The lines of ``argv``'s output holding ``mark`` (the newest ``keep``), read as a stream so a
+    long kernel log is never held whole; (lines, None) or ([], why it could not be read)."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return [], str(exc)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines = collections.deque(maxlen=keep)
+    try:
+        for raw in proc.stdout:
+            if mark.encode() in raw:
+                lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        stderr = proc.stderr.read().decode("utf-8", "replace")
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+    if rc < 0:
+        return [], "timed out after %gs" % timeout
+    first = (stderr.strip().splitlines() or ["no output"])[0][:200]
+    if rc != 0:
+        return [], "exited %d: %s" % (rc, first)
+    if UNREADABLE.search(stderr):  # journalctl as a user outside adm/systemd-journal: no kernel lines
+        return [], first
+    return list(lines), None
+
+
+def run_capture(argv, timeout=SMI_TIMEOUT_S, limit=MAX_OUTPUT_CHARS, strip=None):
     """Run a command; rc None means it did not finish (timeout) or could not start (``error``)."""
     result = {"argv": argv, "rc": None, "stdout": "", "stderr": "", "error": None}
     try:
@@ -192,7 +286,12 @@ def run_capture(argv, timeout=SMI_TIMEOUT_S):
         result["error"] = str(exc)
         return result
     result["rc"] = proc.returncode
-    result["stdout"] = proc.stdout.decode("utf-8", "replace")[:MAX_OUTPUT_CHARS]
+    stdout = proc.stdout.decode("utf-8", "replace")
+    if strip is not None:
+        stdout = strip.sub("", stdout)
+    result["stdout"] = stdout[:limit]
+    if len(stdout) > limit:
+        result["truncated"] = True
     result["stderr"] = proc.stderr.decode("utf-8", "replace")[-MAX_OUTPUT_CHARS:]
     return result
 

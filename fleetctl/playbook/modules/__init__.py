@@ -4,6 +4,7 @@ from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the
     command,
     drift,
     files,
+    gpu_health,
     kernels,
     probe,
     release,
