@@ -12,8 +12,8 @@ import json
 import os
 import shlex
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
