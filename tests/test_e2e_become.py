@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_support import CliRun, run_cli
-from lab_support import REPO, LabHandle, sudo_mode
+from lab_support import REPO, LabHandle, sudo_mode, user_inventory
 from sglang_support import NEW_SGLANG, visible_wheel, wheel
 
 from fleetctl.lab.accounts import LAB_PASSWORD
@@ -37,15 +37,8 @@ GOOD = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP
 
 @pytest.fixture(scope="module")
 def fleetop_inventory(release_free_lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The lab's inventory, logging in as fleetop; its known_hosts beside it."""
-    folder = tmp_path_factory.mktemp("fleetop")
-    doc = yaml.safe_load(release_free_lab.inventory_path.read_text())
-    for host_vars in doc["all"]["children"]["lab"]["hosts"].values():
-        host_vars["ansible_user"] = "fleetop"
-        host_vars["ansible_ssh_private_key_file"] = str(release_free_lab.key_path)
-    (folder / "inventory.yml").write_text(yaml.safe_dump(doc))
-    (folder / "known_hosts").write_text(release_free_lab.known_hosts.read_text())
-    return folder / "inventory.yml"
+    """The lab's inventory, logging in as fleetop (nothing else changed)."""
+    return user_inventory(release_free_lab, tmp_path_factory.mktemp("fleetop") / "inventory.yml")
 
 
 def cli(capsys: pytest.CaptureFixture[str], inventory: Path, *args: str) -> CliRun:

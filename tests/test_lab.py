@@ -287,3 +287,19 @@ def test_refuses_without_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_refuses_a_folder_the_hosts_would_hide() -> None:
     with pytest.raises(LabError, match="lies under /root"):
         lab_up(1, "/root/lab", "127.0.5.0")
+
+
+@lab_mark
+def test_hosts_keep_their_accounts_when_the_machine_replaces_its_files(lab_fleet: LabHandle) -> None:
+    """adduser, apt and passwd replace /etc/passwd by a rename: that detaches a single-file bind in
+    every namespace, so each host has a whole /etc of its own (the CI failure this guards against:
+    hosts suddenly reading, and tests writing, the machine's own passwd)."""
+    for name in ("passwd", "shadow", "group"):
+        real = Path("/etc") / name
+        spare = real.with_name(f".{name}.fleetctl-test")
+        subprocess.run(["cp", "-a", str(real), str(spare)], check=True)
+        os.replace(spare, real)  # the same bytes, a new inode: what adduser does
+    for host in lab_fleet.hosts:
+        assert lab_fleet.ssh(host, f"getent passwd {LAB_USER}", check=False).returncode == 0
+        assert lab_fleet.ssh(host, "sudo -n id -u", user=LAB_USER).stdout.strip() == "0"
+    assert LAB_USER not in Path("/etc/passwd").read_text()

@@ -1,19 +1,20 @@
 """Each lab host's private accounts: passwd, group, shadow, sudoers and sudoers.d, hosts.
 
-Every host gets copies of this machine's files (bound over the real ones inside its mount
-namespace) plus the non-root user ``fleetop``, so users and sudo rules made for tests never touch
-the machine itself. Once a host runs, its files are rewritten IN PLACE: they are bind mounts of
-single files, and a rename would leave the host looking at the old inode.
+Every host gets its own /etc, a copy of this machine's made at each start and bound over /etc in
+its mount namespace, with the non-root user ``fleetop`` added, so users and sudo rules made for
+tests never touch the machine itself. Files are rewritten in place (same inode), so a running
+host sees a change at once.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 from fleetctl.errors import LabError
-from fleetctl.lab.state import ACCOUNT_MOUNTS, LabHost, LabPaths
+from fleetctl.lab.state import ETC_MOUNT, LabHost, LabPaths
 
 LAB_USER = "fleetop"
 LAB_UID = 2400  # also the gid of its own group
@@ -42,7 +43,7 @@ _NO_PASSWORD = "*"
 
 
 def etc_dir(paths: LabPaths, name: str) -> Path:
-    return paths.host_dir(name) / "etc"
+    return paths.host_dir(name) / ETC_MOUNT[0]
 
 
 def _read_machine(path: str) -> list[str]:
@@ -95,9 +96,14 @@ def _write_in_place(path: Path, text: str, mode: int) -> None:
 
 
 def write_account_files(paths: LabPaths, host: LabHost, client_public_key: str) -> None:
-    """The host's private account files before it starts: fleetop with passwordless sudo."""
+    """The host's own /etc before it starts: the machine's, plus fleetop with passwordless sudo."""
     etc = etc_dir(paths, host.name)
-    (etc / "sudoers.d").mkdir(parents=True, exist_ok=True)
+    if etc.exists():
+        shutil.rmtree(etc)
+    copied = subprocess.run(["cp", "-a", "--no-target-directory", "/etc", str(etc)], capture_output=True,
+                            text=True, check=False)
+    if copied.returncode != 0:
+        raise LabError(f"cannot copy /etc for lab host {host.name}: {copied.stderr.strip()}")
     passwd = _without_user(_read_machine("/etc/passwd"), "/etc/passwd")
     passwd.append(f"{LAB_USER}:x:{LAB_UID}:{LAB_UID}:fleetctl lab user:{LAB_HOME}:/bin/bash")
     group = _without_user(_read_machine("/etc/group"), "/etc/group")
@@ -107,20 +113,9 @@ def write_account_files(paths: LabPaths, host: LabHost, client_public_key: str) 
     _write_in_place(etc / "group", _join(group), 0o644)
     _write_in_place(etc / "shadow", _shadow_text(_NO_PASSWORD), 0o640)
     _write_in_place(etc / "hosts", _join(hosts), 0o644)
-    _write_in_place(etc / "sudoers", _read_machine_text("/etc/sudoers"), 0o440)
-    sudoers_d = etc / "sudoers.d"
-    sudoers_d.chmod(0o755)
-    for entry in sudoers_d.iterdir():
-        entry.unlink()
-    for entry in Path("/etc/sudoers.d").iterdir():
-        if entry.is_file() and entry.name != _SUDOERS_FILE:
-            _write_in_place(sudoers_d / entry.name, entry.read_text(), 0o440)
+    (etc / "sudoers.d").mkdir(mode=0o755, exist_ok=True)
     _write_sudo_rule(paths, host.name, PASSWORDLESS)
     _write_home(paths, host.name, client_public_key)
-
-
-def _read_machine_text(path: str) -> str:
-    return _join(_read_machine(path))
 
 
 def _write_home(paths: LabPaths, name: str, client_public_key: str) -> None:
@@ -158,8 +153,3 @@ def set_sudo(paths: LabPaths, name: str, mode: str) -> None:
         raise LabError(f"no lab host {name} in {paths.directory}")
     set_password(paths, name, LAB_PASSWORD if mode in (PASSWORD, NONE) else None)
     _write_sudo_rule(paths, name, mode)
-
-
-def account_mount_sources(paths: LabPaths, name: str) -> list[tuple[Path, str]]:
-    """(per-host copy, path it is bound over) for every private account file or folder."""
-    return [(paths.host_dir(name) / sub, target) for sub, target in ACCOUNT_MOUNTS]

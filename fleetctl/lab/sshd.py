@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fleetctl.errors import LabError
-from fleetctl.lab.state import ACCOUNT_MOUNTS, PRIVATE_MOUNTS, LabHost, LabPaths
+from fleetctl.lab.state import ETC_MOUNT, PRIVATE_MOUNTS, LabHost, LabPaths
 
 SSHD = "/usr/sbin/sshd"
 UNSHARE = "/usr/bin/unshare"
@@ -83,11 +83,11 @@ def read_banner(address: str, timeout: float = 1.0) -> str | None:
 
 
 def host_script(paths: LabPaths, host: LabHost) -> str:
-    """The shell run inside the new namespaces: private folders and account files, hostname, then
+    """The shell run inside the new namespaces: its own /etc and private folders, hostname, then
     exec sshd."""
     base = paths.host_dir(host.name)
     steps = ["set -e"]
-    for sub, target in (*PRIVATE_MOUNTS, *ACCOUNT_MOUNTS):
+    for sub, target in (ETC_MOUNT, *PRIVATE_MOUNTS):
         steps.append(f"mount --bind {shlex.quote(str(base / sub))} {shlex.quote(target)}")
     steps.append(f"hostname {shlex.quote(host.name)}")
     steps.append(f"exec {SSHD} -D -e -f {shlex.quote(str(paths.sshd_config(host.name)))}")

@@ -21,15 +21,11 @@ PRIVATE_MOUNTS: tuple[tuple[str, str], ...] = (
     ("home", "/home"),
     ("run-sudo", "/run/sudo"),  # sudo's credential cache: per host, like the accounts it caches
 )
-# Account files and folders each host gets as private copies (see fleetctl.lab.accounts).
-ACCOUNT_MOUNTS: tuple[tuple[str, str], ...] = (
-    ("etc/passwd", "/etc/passwd"),
-    ("etc/group", "/etc/group"),
-    ("etc/shadow", "/etc/shadow"),
-    ("etc/hosts", "/etc/hosts"),
-    ("etc/sudoers", "/etc/sudoers"),
-    ("etc/sudoers.d", "/etc/sudoers.d"),
-)
+# Each host's own /etc: a copy of the machine's, made at every start, holding its private
+# accounts (see fleetctl.lab.accounts). A whole folder, never single files: a program on the
+# machine that replaces /etc/passwd by a rename (adduser, apt) detaches a single-file bind in every
+# namespace, and the hosts would then read and write the machine's own account files.
+ETC_MOUNT = ("etc", "/etc")
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class LabState:
 
 def hidden_by_hosts(path: Path) -> str | None:
     """The private mount that would hide ``path`` from inside a lab host, if any."""
-    for _, target in PRIVATE_MOUNTS:
+    for _, target in (ETC_MOUNT, *PRIVATE_MOUNTS):
         if path == Path(target) or Path(target) in path.parents:
             return target
     return None
