@@ -595,8 +595,10 @@ def test_missing_inventory(tmp_path: Path) -> None:
         load_inventory(tmp_path / "nope.yml")
 
 
-def test_directory_is_not_an_inventory(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="is a directory"):
+def test_empty_directory_is_no_inventory(tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "notes.md").write_text("# ignored, as Ansible ignores it\n")
+    with pytest.raises(InventoryError, match=f"^{tmp_path}: no inventory file in this directory"):
         load_inventory(tmp_path)
 
 

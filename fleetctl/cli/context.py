@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class AppContext:
-    inventory_path: str | None
+    inventory_paths: tuple[str, ...]
     limit: str | None
     forks: int
     json: bool
@@ -29,11 +29,11 @@ class AppContext:
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            if not self.inventory_path:
+            if not self.inventory_paths:
                 raise InputError("no inventory: pass -i PATH or set FLEETCTL_INVENTORY")
             from fleetctl.inventory import load_inventory
 
-            self._inventory = load_inventory(self.inventory_path, self.extra_vars)
+            self._inventory = load_inventory(self.inventory_paths, self.extra_vars)
         return self._inventory
 
     def selected_hosts(self, limit: str | None = None) -> list[Host]:

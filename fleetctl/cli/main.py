@@ -44,8 +44,9 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
-@click.option("-i", "--inventory", "inventory_path", envvar="FLEETCTL_INVENTORY", metavar="PATH",
-              help="Inventory file (Ansible YAML format). Env: FLEETCTL_INVENTORY.")
+@click.option("-i", "--inventory", "inventory_paths", multiple=True, metavar="PATH",
+              help="Inventory source, repeatable: an Ansible YAML or INI file, a directory of them, an executable "
+                   "inventory script, or 'host1,host2,'. Env: FLEETCTL_INVENTORY (a ',' or ':' list).")
 @click.option("-l", "--limit", metavar="PATTERN", help="Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+'.")
 @click.option("-f", "--forks", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Hosts worked on in parallel.")
@@ -68,7 +69,7 @@ class LazyGroup(click.Group):
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
-def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks: int, as_json: bool,
+def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int, as_json: bool,
         extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
         become: bool, become_user: str | None, ask_become_pass: bool, verbose: int) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
@@ -77,7 +78,11 @@ def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     connect = options.connect_options(user, private_key, become, become_user, ask_become_pass)
-    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
+    if not inventory_paths and os.environ.get("FLEETCTL_INVENTORY"):
+        from fleetctl.inventory.sources import env_sources
+
+        inventory_paths = tuple(env_sources(os.environ["FLEETCTL_INVENTORY"]))
+    ctx.obj = AppContext(inventory_paths, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
                          connect)
 
 
