@@ -52,10 +52,10 @@ class RawInventory:
     def link(self, parent: str, child: str) -> None:
         if child == "all":
             raise Refused(f"group 'all' cannot be a child of '{parent}'")
-        if parent == child or parent in self.below(child):
-            raise Refused(f"group '{child}' under '{parent}' makes a loop ('{parent}' is inside it)")
         self.add_group(parent)
         self.add_group(child)
+        if parent == child or parent in self.below(child):
+            raise Refused(f"group '{child}' under '{parent}' makes a loop ('{parent}' is inside it)")
         if child not in self.groups[parent].children:
             self.groups[parent].children.append(child)
             self.groups[child].parents.append(parent)
