@@ -27,6 +27,7 @@ COMMANDS = {
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
+    "vault": "fleetctl.cli.vault:vault",
 }
 
 
@@ -66,12 +67,18 @@ class LazyGroup(click.Group):
               "sets no ansible_become.")
 @click.option("--become-user", metavar="USER", help="The user to become (default root).")
 @click.option("-K", "--ask-become-pass", is_flag=True, help="Ask for the sudo password once, before connecting.")
+@click.option("--vault-password-file", "vault_password_files", multiple=True, metavar="FILE",
+              help="Vault password file (label 'default'); an executable one is run and its output used.")
+@click.option("--vault-id", "vault_ids", multiple=True, metavar="LABEL@FILE",
+              help="Vault password with its vault-id label (LABEL@prompt asks), repeatable.")
+@click.option("--ask-vault-pass", "--ask-vault-password", is_flag=True, help="Ask for the vault password once.")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
 def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int, as_json: bool,
         extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
-        become: bool, become_user: str | None, ask_become_pass: bool, verbose: int) -> None:
+        become: bool, become_user: str | None, ask_become_pass: bool, vault_password_files: tuple[str, ...],
+        vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -82,8 +89,9 @@ def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None,
         from fleetctl.inventory.sources import env_sources
 
         inventory_paths = tuple(env_sources(os.environ["FLEETCTL_INVENTORY"]))
+    vault = options.vault_options(vault_password_files, vault_ids, ask_vault_pass)
     ctx.obj = AppContext(inventory_paths, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
-                         connect)
+                         connect, vault)
 
 
 def _crash_log() -> Path:

@@ -13,6 +13,7 @@ from fleetctl.connection import connection_spec
 from fleetctl.inventory.model import Group, Host, Inventory
 from fleetctl.inventory.raw import RawGroup, RawInventory
 from fleetctl.inventory.vars_files import VarsDir
+from fleetctl.vault import Vault
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def vars_roots(sources: Sequence[Path]) -> list[Path]:
 
 
 def build(sources: Sequence[Path], roots: Sequence[Path], raw: RawInventory,
-          extra_vars: Mapping[str, Any]) -> Inventory:
+          extra_vars: Mapping[str, Any], vault: Vault | None = None) -> Inventory:
     depth: dict[str, int] = {}
     groups_raw = raw.groups
 
@@ -84,7 +85,7 @@ def build(sources: Sequence[Path], roots: Sequence[Path], raw: RawInventory,
             depth[name] = max((depth_of(p) + 1 for p in groups_raw[name].parents), default=0)
         return depth[name]
 
-    group_dirs = [VarsDir(root / "group_vars", "group") for root in roots]
+    group_dirs = [VarsDir(root / "group_vars", "group", vault) for root in roots]
     layers: dict[str, VarLayer] = {}
     for g in groups_raw.values():
         found = [d.load(g.name) for d in group_dirs] or [{}]
@@ -99,7 +100,7 @@ def build(sources: Sequence[Path], roots: Sequence[Path], raw: RawInventory,
         for h in g.hosts:
             member_of[h].add(g.name)
     ancestors = _ancestors(groups_raw)
-    host_dirs = [VarsDir(root / "host_vars", "host") for root in roots]
+    host_dirs = [VarsDir(root / "host_vars", "host", vault) for root in roots]
     first = sources[0] if sources else Path("inventory")
     base = roots[0] if roots else Path.cwd()  # relative key files: the first source's folder
     hosts: dict[str, Host] = {}

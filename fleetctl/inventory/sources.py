@@ -16,9 +16,10 @@ from fleetctl.inventory.ini_source import parse_ini
 from fleetctl.inventory.model import Inventory
 from fleetctl.inventory.raw import RawInventory
 from fleetctl.inventory.script_source import is_script, parse_script
-from fleetctl.inventory.vars_files import read_text
+from fleetctl.inventory.vars_files import decrypt_file_text, read_text
 from fleetctl.inventory.yaml_source import parse_yaml
 from fleetctl.patterns import split_host_port
+from fleetctl.vault import Vault
 
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 # Ansible's IGNORED: hidden names, the vars folders, and INVENTORY_IGNORE_EXTS (REJECT_EXTS + 3).
@@ -37,7 +38,7 @@ def _is_host_list(source: str) -> bool:
 
 
 def load_inventory(path: str | Path | Sequence[str | Path],
-                   extra_vars: Mapping[str, Any] | None = None) -> Inventory:
+                   extra_vars: Mapping[str, Any] | None = None, vault: Vault | None = None) -> Inventory:
     """Load one inventory source or several (later sources add to and override earlier ones), with
     group_vars/ and host_vars/ beside each file source and inside each directory source."""
     from fleetctl.connection import unknown_ansible_var
@@ -56,16 +57,16 @@ def load_inventory(path: str | Path | Sequence[str | Path],
             _parse_host_list(source, raw)
             continue
         source_path = Path(source)
-        _parse_source(source_path, raw, top=True)
+        _parse_source(source_path, raw, vault, top=True)
         files.append(source_path)
     raw.reconcile()
-    return build(files, vars_roots(files), raw, extra_vars or {})
+    return build(files, vars_roots(files), raw, extra_vars or {}, vault)
 
 
-def _parse_source(path: Path, raw: RawInventory, top: bool = False) -> int:
+def _parse_source(path: Path, raw: RawInventory, vault: Vault | None, top: bool = False) -> int:
     """Read one source into ``raw``; returns how many files it read."""
     if path.is_dir():
-        count = sum(_parse_source(path / e, raw) for e in sorted(os.listdir(path)) if not IGNORED.search(e))
+        count = sum(_parse_source(path / e, raw, vault) for e in sorted(os.listdir(path)) if not IGNORED.search(e))
         if top and not count:
             raise InventoryError(f"{path}: no inventory file in this directory (Ansible's ignored names "
                                  "skipped: hidden, group_vars, host_vars, *.md, *.txt, *.cfg, ...)")
@@ -79,11 +80,11 @@ def _parse_source(path: Path, raw: RawInventory, top: bool = False) -> int:
     if ext == ".toml":
         raise InventoryError(f"{path}: TOML inventories are not supported (use YAML or INI)")
     if ext in YAML_EXTENSIONS:
-        parse_yaml(path, raw)
+        parse_yaml(path, raw, vault=vault)
         return 1
-    text = read_text(path, "inventory file")
+    text, _ = decrypt_file_text(path, read_text(path, "inventory file"), vault)
     if not ext and _reads_as_yaml(path, text):
-        parse_yaml(path, raw, text)
+        parse_yaml(path, raw, text, vault)
         return 1
     parse_ini(path, raw, text)
     return 1

@@ -10,6 +10,7 @@ import yaml
 
 from fleetctl.connection import describe_type, unknown_ansible_var
 from fleetctl.errors import InputError, InventoryError
+from fleetctl.vault import Vault, is_encrypted, mark_secret
 from fleetctl.yamlfile import check_expansion
 
 VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")  # Ansible's order: a bare NAME (or NAME/) first
@@ -21,7 +22,13 @@ except ImportError:  # pragma: no cover
 
 
 class VarsLoader(_BaseLoader):
-    """Safe YAML plus Ansible's !unsafe tag; !vault is refused with a clear message."""
+    """Safe YAML plus Ansible's !unsafe and !vault tags (a !vault value is decrypted with the run's
+    vault passwords into a VaultStr, a secret)."""
+
+    def __init__(self, stream: str, path: Path | None = None, vault: Vault | None = None) -> None:
+        super().__init__(stream)
+        self.path = path
+        self.vault = vault or Vault()
 
 
 def _construct_unsafe(loader: VarsLoader, node: yaml.Node) -> Any:
@@ -29,9 +36,20 @@ def _construct_unsafe(loader: VarsLoader, node: yaml.Node) -> Any:
 
 
 def _construct_vault(loader: VarsLoader, node: yaml.Node) -> Any:
-    raise yaml.constructor.ConstructorError(
-        None, None, "ansible-vault values (!vault) are not supported", node.start_mark
-    )
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(None, None, "a !vault value must be a text block", node.start_mark)
+    return loader.vault.decrypt_str(str(loader.construct_scalar(node)), f"{loader.path}:{node.start_mark.line + 1}")
+
+
+def decrypt_file_text(path: Path, text: str, vault: Vault | None) -> tuple[str, bool]:
+    """(the text, whether it was a vault-encrypted file): a whole encrypted file is decrypted first."""
+    if not is_encrypted(text):
+        return text, False
+    plain = (vault or Vault()).decrypt(text, f"{path}:1")
+    try:
+        return plain.decode("utf-8"), True
+    except UnicodeDecodeError:
+        raise InventoryError(f"{path}: the decrypted vault file is not UTF-8 text") from None
 
 
 VarsLoader.add_constructor("!unsafe", _construct_unsafe)
@@ -62,11 +80,18 @@ def read_text(path: Path, what: str) -> str:
         raise InventoryError(f"{path}: cannot read {what}: {exc}") from None
 
 
-def load_vars_file(path: Path) -> dict[str, Any]:
+def load_vars_file(path: Path, vault: Vault | None = None) -> dict[str, Any]:
+    """A vars file (plain, with !vault values, or vault-encrypted whole: then every string is a secret)."""
+    text, encrypted = decrypt_file_text(path, read_text(path, "vars file"), vault)
+    loader = VarsLoader(text, path, vault)
     try:
-        data = yaml.load(read_text(path, "vars file"), Loader=VarsLoader)  # noqa: S506 - safe loader
+        data = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise yaml_error(path, exc) from None
+    finally:
+        loader.dispose()
+    if encrypted:
+        data = mark_secret(data)
     try:
         check_expansion(data, str(path))
     except InputError as exc:
@@ -82,8 +107,9 @@ class VarsDir:
     """group_vars/ or host_vars/: NAME, NAME.yml, NAME.yaml or NAME.json (first found), or a
     folder NAME/ whose files are merged in sorted order, recursively, as Ansible does."""
 
-    def __init__(self, root: Path, kind: str) -> None:
+    def __init__(self, root: Path, kind: str, vault: Vault | None = None) -> None:
         self.root = root
+        self.vault = vault
         self.kind = kind  # "group" or "host", for messages
         self.entries = set(os.listdir(root)) if root.is_dir() else set()
 
@@ -97,7 +123,7 @@ class VarsDir:
             return {}
         merged: dict[str, Any] = {}
         for file in files:
-            values = load_vars_file(file)
+            values = load_vars_file(file, self.vault)
             for key in values:
                 why = unknown_ansible_var(str(key))
                 if why:
@@ -108,7 +134,10 @@ class VarsDir:
 
 def _key_line(path: Path, key: str) -> int:
     """The line of a top-level key in a vars file (looked up only to name an error)."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    text = path.read_text(encoding="utf-8")
+    if is_encrypted(text):
+        return 1
+    for number, line in enumerate(text.splitlines(), 1):
         if line.split(":", 1)[0].strip().strip("\"'") == key:
             return number
     return 1

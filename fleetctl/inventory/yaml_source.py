@@ -12,8 +12,9 @@ import yaml
 from fleetctl.connection import describe_type, unknown_ansible_var
 from fleetctl.errors import InputError, InventoryError
 from fleetctl.inventory.raw import RawInventory, Refused
-from fleetctl.inventory.vars_files import VarsLoader, read_text, yaml_error
+from fleetctl.inventory.vars_files import VarsLoader, decrypt_file_text, read_text, yaml_error
 from fleetctl.patterns import RangeError, expand_host_range, split_host_port
+from fleetctl.vault import Vault, VaultStr
 from fleetctl.yamlfile import check_expansion, no_duplicate_keys
 
 SECTIONS = ("hosts", "vars", "children")
@@ -22,8 +23,8 @@ SECTIONS = ("hosts", "vars", "children")
 class _LineLoader(VarsLoader):
     """Records the 1-based line of every mapping key, by id() of the mapping, for error messages."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    def __init__(self, stream: str, path: Path | None = None, vault: Vault | None = None) -> None:
+        super().__init__(stream, path, vault)
         self.key_lines: dict[int, dict[Any, int]] = {}
 
 
@@ -46,9 +47,11 @@ class _Lines:
         return self._key_lines.get(id(mapping), {}).get(key, 0)
 
 
-def read_yaml_inventory(path: Path, text: str | None = None) -> tuple[Any, _Lines, int]:
+def read_yaml_inventory(path: Path, text: str | None = None,
+                        vault: Vault | None = None) -> tuple[Any, _Lines, int]:
     """The parsed document, its key lines, and the line where it starts."""
-    loader = _LineLoader(read_text(path, "inventory file") if text is None else text)
+    text, encrypted = decrypt_file_text(path, read_text(path, "inventory file") if text is None else text, vault)
+    loader = _LineLoader(text, path, vault)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -60,11 +63,24 @@ def read_yaml_inventory(path: Path, text: str | None = None) -> tuple[Any, _Line
         check_expansion(data, str(path))
     except InputError as exc:
         raise InventoryError(str(exc)) from None
+    if encrypted:  # every string of an encrypted inventory is a secret (line numbers stay valid)
+        _mark_in_place(data)
     return data, _Lines(loader.key_lines), node.start_mark.line + 1 if node is not None else 1
 
 
-def parse_yaml(path: Path, raw: RawInventory, text: str | None = None) -> None:
-    data, lines, top_line = read_yaml_inventory(path, text)
+def _mark_in_place(data: Any) -> None:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            data[key] = VaultStr(value) if isinstance(value, str) else value
+            _mark_in_place(value)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            data[i] = VaultStr(value) if isinstance(value, str) else value
+            _mark_in_place(value)
+
+
+def parse_yaml(path: Path, raw: RawInventory, text: str | None = None, vault: Vault | None = None) -> None:
+    data, lines, top_line = read_yaml_inventory(path, text, vault)
     _Parser(path, lines, raw).parse_top(data, top_line)
 
 
