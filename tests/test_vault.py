@@ -62,7 +62,7 @@ def test_file_decrypts_with_its_label() -> None:
     ],
 )
 def test_missing_or_wrong_password_is_one_line(vault: Vault, expected: str) -> None:
-    with pytest.raises(VaultError) as info:
+    with pytest.raises(InputError) as info:
         load_inventory(INV, vault=vault)
     assert str(info.value) == f"{FIX}/inventory/group_vars/gpu/{expected}"
 

@@ -10,7 +10,7 @@ import yaml
 
 from fleetctl.connection import describe_type, unknown_ansible_var
 from fleetctl.errors import InputError, InventoryError
-from fleetctl.vault import Vault, is_encrypted, mark_secret
+from fleetctl.vault import Vault, VaultError, is_encrypted, mark_secret
 from fleetctl.yamlfile import check_expansion
 
 VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")  # Ansible's order: a bare NAME (or NAME/) first
@@ -38,14 +38,20 @@ def _construct_unsafe(loader: VarsLoader, node: yaml.Node) -> Any:
 def _construct_vault(loader: VarsLoader, node: yaml.Node) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise yaml.constructor.ConstructorError(None, None, "a !vault value must be a text block", node.start_mark)
-    return loader.vault.decrypt_str(str(loader.construct_scalar(node)), f"{loader.path}:{node.start_mark.line + 1}")
+    try:
+        return loader.vault.decrypt_str(str(loader.construct_scalar(node)), f"{loader.path}:{node.start_mark.line + 1}")
+    except VaultError as exc:
+        raise InventoryError(str(exc)) from None
 
 
 def decrypt_file_text(path: Path, text: str, vault: Vault | None) -> tuple[str, bool]:
     """(the text, whether it was a vault-encrypted file): a whole encrypted file is decrypted first."""
     if not is_encrypted(text):
         return text, False
-    plain = (vault or Vault()).decrypt(text, f"{path}:1")
+    try:
+        plain = (vault or Vault()).decrypt(text, f"{path}:1")
+    except VaultError as exc:
+        raise InventoryError(str(exc)) from None
     try:
         return plain.decode("utf-8"), True
     except UnicodeDecodeError:
