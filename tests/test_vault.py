@@ -140,3 +140,40 @@ def test_vault_module_imports_no_crypto_until_used() -> None:
     assert out.strip() == "False"
     with pytest.raises(InputError):
         Vault().encrypt(b"x")
+
+
+def test_playbook_vault_values_and_encrypted_copy_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A !vault play var and an encrypted copy source reach the host as plaintext; --json and the run
+    journal never hold them."""
+    inv = tmp_path / "inventory.yml"
+    inv.write_text("all:\n  hosts:\n    ctl: {ansible_connection: local, ansible_python_interpreter: "
+                   f"{sys.executable}}}\n")
+    token = both().encrypt(b"pb-vault-secret-77", "prod")
+    indented = "\n".join("        " + line for line in token.splitlines())
+    (tmp_path / "secret.conf").write_bytes((FIX / "files" / "secret.conf").read_bytes())
+    book = tmp_path / "book.yml"
+    book.write_text(f"""- hosts: all
+  vars:
+    token: !vault |
+{indented}
+  tasks:
+    - name: token to a file
+      copy: {{content: "{{{{ token }}}}\\n", dest: "{tmp_path}/token.out"}}
+    - name: encrypted source
+      copy: {{src: secret.conf, dest: "{tmp_path}/secret.out"}}
+    - name: echo it
+      shell: echo {{{{ token }}}}
+""")
+    pw = ["--vault-password-file", str(FIX / "pw-default"), "--vault-id", f"prod@{FIX / 'pw-prod'}"]
+    r = run_cli(capsys, "-i", str(inv), *pw, "run", str(book), "--json", "--diff")
+    assert r.rc == 0, r.err
+    assert (tmp_path / "token.out").read_text() == "pb-vault-secret-77\n"
+    assert (tmp_path / "secret.out").read_text() == "secret file line one\nsecret file line two\n"
+    assert "pb-vault-secret-77" not in r.out and "secret file line" not in r.out
+    journals = list((tmp_path / ".fleetctl" / "runs").glob("*"))
+    assert journals
+    for journal in journals:
+        text = journal.read_text()
+        assert "pb-vault-secret-77" not in text and "secret file line" not in text
+    r = run_cli(capsys, "-i", str(inv), "run", str(book), "--json")
+    assert r.rc == 3 and "book.yml:3: vault-encrypted, but no vault password was given" in r.err

@@ -44,16 +44,19 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook import journal as jr
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.playbook.schema import load_playbook
-    from fleetctl.secrets import Redactor
+    from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)
-    playbook = load_playbook(playbook_path)
+    playbook = load_playbook(playbook_path, app.vault)
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
     folder = jr.runs_dir(inventory.folder)
     # The inventory holds -e too (extra vars are merged into every host's vars).
     redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
+    # !vault values in the playbook (play vars, task arguments) are secrets too.
+    in_playbook = vault_values([*(p.model.vars for p in playbook.plays), *(t.args for t in playbook.tasks())])
+    redact = Redactor([*redact.values, *in_playbook])
     if app.connect and app.connect.become_password:  # -K: never in the journal either
         redact = Redactor([*redact.values, app.connect.become_password])
     events = None
@@ -68,7 +71,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     command = " ".join(["fleetctl run", str(playbook_path), *(["--check"] if check else [])])
     options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
                          start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
-                         resume_events=events, rollback_timeout=rollback_timeout, command=command)
+                         resume_events=events, rollback_timeout=rollback_timeout, command=command,
+                         vault=app.vault)
     printer = Printer(app.json, show_diff)
     runner = Runner(inventory, playbook, options, app.run_settings(),
                     journal, printer.on_event)
