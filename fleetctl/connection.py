@@ -75,10 +75,11 @@ class _BadVar(ValueError):
     """A host var that cannot be used; connection_spec() adds the file and host."""
 
 
-def connection_spec(path: Path, host: str, v: Mapping[str, Any]) -> ConnectionSpec:
-    """The host's connection settings from its merged vars; a bad value names file and host."""
+def connection_spec(path: Path, host: str, v: Mapping[str, Any], base: Path | None = None) -> ConnectionSpec:
+    """The host's connection settings from its merged vars; a bad value names file and host.
+    Relative paths (key files) resolve against ``base``, by default the inventory file's folder."""
     try:
-        return _parse_connection(path.parent.absolute(), host, v)
+        return _parse_connection((base or path.parent).absolute(), host, v)
     except _BadVar as exc:
         raise InventoryError(f"{path}: host '{host}': {exc}") from None
 

@@ -1,10 +1,13 @@
-"""Secrets never reach output: variables named in a host's ``secret_vars`` list, and the password
-and passphrase connection variables, are masked."""
+"""Secrets never reach output: variables named in a host's ``secret_vars`` list, the password and
+passphrase connection variables, and every value decrypted from an Ansible vault (a
+``vault.VaultStr``, wherever it sits in a variable) are masked."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from fleetctl.vault import VaultStr
 
 MASK = "********"
 # Secrets by their nature: masked wherever vars are shown, without being listed in secret_vars.
@@ -14,10 +17,22 @@ SECRET_ANSIBLE_VARS = frozenset({
 })
 
 
+def vault_values(value: Any) -> list[str]:
+    """Every vault-decrypted string inside a value (nested lists and mappings included)."""
+    if isinstance(value, VaultStr):
+        return [str(value)]
+    if isinstance(value, list | tuple):
+        return [v for item in value for v in vault_values(item)]
+    if isinstance(value, Mapping):
+        return [v for item in value.values() for v in vault_values(item)]
+    return []
+
+
 def secret_names(host_vars: Mapping[str, Any]) -> set[str]:
     names = host_vars.get("secret_vars") or []
     listed = {str(n) for n in names} if isinstance(names, list | tuple) else {str(names)}
-    return listed | (SECRET_ANSIBLE_VARS & host_vars.keys())
+    vaulted = {k for k, v in host_vars.items() if vault_values(v)}
+    return listed | (SECRET_ANSIBLE_VARS & host_vars.keys()) | vaulted
 
 
 def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,6 +44,7 @@ def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:
 def secret_values(host_vars: Mapping[str, Any]) -> list[str]:
     """The values of the host's secret variables, longest first (a secret holding another is masked whole)."""
     values = {str(host_vars[n]) for n in secret_names(host_vars) if host_vars.get(n) not in (None, "")}
+    values.update(v for value in host_vars.values() for v in vault_values(value) if v)
     return sorted(values, key=lambda v: (-len(v), v))
 
 

@@ -10,18 +10,23 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from fleetctl.errors import InputError
 
+if TYPE_CHECKING:
+    from fleetctl.vault import Vault
+
 M = TypeVar("M")
 
 
 class _LineLoader(yaml.SafeLoader):
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, path: Path | None = None, vault: Vault | None = None) -> None:
         super().__init__(stream)
+        self.path = path
+        self.vault = vault
         self.key_lines: dict[int, dict[Any, int]] = {}
         self.item_lines: dict[int, list[int]] = {}
 
@@ -58,6 +63,19 @@ def no_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first given at line {first})", key_node.start_mark)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+
+
+def _construct_vault(loader: _LineLoader, node: yaml.Node) -> Any:
+    """Ansible's !vault value, decrypted with the run's vault into a secret (vault.VaultStr)."""
+    from fleetctl.vault import Vault
+
+    where = f"{loader.path}:{node.start_mark.line + 1}"
+    if not isinstance(node, yaml.ScalarNode):
+        raise InputError(f"{where}: a !vault value must be a text block")
+    return (loader.vault or Vault()).decrypt_str(str(loader.construct_scalar(node)), where)
+
+
+_LineLoader.add_constructor("!vault", _construct_vault)
 
 
 MAX_EXPANDED = 1_000_000  # values a document may hold once its aliases are expanded
@@ -118,7 +136,7 @@ class YamlDoc:
         return InputError(f"{self.path}:{self.line_of(loc)}: {message}")
 
 
-def load(path: Path, what: str) -> YamlDoc:
+def load(path: Path, what: str, vault: Vault | None = None) -> YamlDoc:
     """Parse ``path``; a missing file or a YAML syntax error is one line naming file:line."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -129,7 +147,7 @@ def load(path: Path, what: str) -> YamlDoc:
         raise InputError(f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read {what}: {exc}") from None
-    loader = _LineLoader(text)
+    loader = _LineLoader(text, path, vault)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None

@@ -75,6 +75,20 @@ def test_inventory_from_environment(local_inventory: Path, capsys: pytest.Captur
     assert [h["name"] for h in r.json()["hosts"]] == ["ctl"]
 
 
+@pytest.mark.parametrize("sep", [",", ":"])
+def test_inventory_list_from_environment_and_several_i(local_inventory: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch, sep: str) -> None:
+    ini = local_inventory.parent / "more.ini"
+    ini.write_text("[gpu]\nct1 ansible_connection=local\n")
+    monkeypatch.setenv("FLEETCTL_INVENTORY", f"{local_inventory}{sep}{ini}")
+    r = run_cli(capsys, "hosts", "--json")
+    assert r.rc == 0, r.err
+    assert [h["name"] for h in r.json()["hosts"]] == ["ct1", "ctl"]
+    monkeypatch.delenv("FLEETCTL_INVENTORY")
+    r = run_cli(capsys, "-i", str(ini), "-i", str(local_inventory), "-l", "gpu", "hosts", "--json")
+    assert [h["name"] for h in r.json()["hosts"]] == ["ct1"]
+
+
 def test_bad_option_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     r = run_cli(capsys, "--forks", "0", "ping")
     assert r.rc == 3

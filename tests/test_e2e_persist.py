@@ -97,7 +97,7 @@ def test_a_changed_known_hosts_opens_a_new_checked_connection(lab_fleet: LabHand
 
 def test_changes_never_use_kept_connections(lab_fleet: LabHandle, mux_dir: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    app = AppContext(str(lab_fleet.inventory_path), None, 4, False, 0, persist=30)
+    app = AppContext((str(lab_fleet.inventory_path),), None, 4, False, 0, persist=30)
     with app.fleet(read_only=False) as fleet:
         assert fleet.settings.persist == 0
     with app.fleet(read_only=True) as fleet:

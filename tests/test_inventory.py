@@ -595,8 +595,10 @@ def test_missing_inventory(tmp_path: Path) -> None:
         load_inventory(tmp_path / "nope.yml")
 
 
-def test_directory_is_not_an_inventory(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="is a directory"):
+def test_empty_directory_is_no_inventory(tmp_path: Path) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "notes.md").write_text("# ignored, as Ansible ignores it\n")
+    with pytest.raises(InventoryError, match=f"^{tmp_path}: no inventory file in this directory"):
         load_inventory(tmp_path)
 
 
@@ -625,3 +627,83 @@ def test_large_inventory_loads_fast(tmp_path: Path) -> None:
     assert len(inv.select("rack1*:!rack10")) == 1000
     assert time.perf_counter() - start < 2.0
     assert len(inv.hosts) == 2000
+
+
+# --- INI, scripts, directories, several sources (tests/test_inventory_ansible.py: same as Ansible) --
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[gpu]\nct1 x\n", "hosts.ini:2: expected key=value host variable, got 'x'"),
+        ("[gpu:hosts2]\n", "hosts.ini:1: section [gpu:hosts2] has unknown type 'hosts2' (expected vars or children)"),
+        ("[gpu name]\n", "hosts.ini:1: invalid section '[gpu name]' (no spaces or other characters allowed in "
+                         "'[group]', '[group:vars]', '[group:children]')"),
+        ("[gpu:vars]\nx=1\n", "hosts.ini:1: section [gpu:vars] is for a group defined nowhere in the file"),
+        ("[a:children]\nb\n", "hosts.ini:2: section [a:children] names group 'b', defined nowhere in the file "
+                              "(give it a [section] of its own)"),
+        ("[a]\n[a:vars]\nnovalue\n", "hosts.ini:3: expected key=value in [a:vars], got 'novalue'"),
+        ("[a]\nh ansible_colour=red\n", "hosts.ini:2: host 'h': ansible_colour is not a connection variable "
+                                        "fleetctl implements (see README: Inventory); remove or rename it"),
+        ("[a]\n[a:vars]\nansible_colour=red\n",
+         "hosts.ini:3: group 'a': ansible_colour is not a connection variable fleetctl implements "
+         "(see README: Inventory); remove or rename it"),
+        ("[a]\nct[3:1]\n", "hosts.ini:2: host range '[3:1]' must have begin <= end"),
+        ("[a]\nh x='unclosed\n", "hosts.ini:2: cannot split host line like a shell line: No closing quotation"),
+        ("[a]\nh:\n", "hosts.ini:2: host 'h:' ends in ':' (reserved for a port)"),
+        ("[a:children]\nb\n[b:children]\na\n", "hosts.ini:4: group 'a' under 'b' makes a loop ('b' is inside it)"),
+        ("[a]\nh\n[a:vars]\nansible_group_priority=high\n",
+         "hosts.ini:4: ansible_group_priority of group 'a' must be an integer, got 'high'"),
+        ("[a]\nh ansible_port=99999\n", "hosts.ini: host 'h': ansible_port must be a port number 1-65535, got 99999"),
+    ],
+)
+def test_ini_errors_name_file_and_line(tmp_path: Path, text: str, expected: str) -> None:
+    (tmp_path / "hosts.ini").write_text(text)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(tmp_path / "hosts.ini")
+    assert str(info.value) == f"{tmp_path}/{expected}"
+
+
+def test_ini_without_extension_and_yaml_without_extension(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "hosts").write_text("[gpu]\nct1 x=1\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "hosts").write_text("all:\n  hosts:\n    ct2: {x: 2}\n")
+    inv = load_inventory([str(tmp_path / "a" / "hosts"), str(tmp_path / "b" / "hosts")])
+    assert {h.name: h.vars["x"] for h in inv.hosts.values()} == {"ct1": 1, "ct2": 2}
+    assert inv.sources == (tmp_path / "a" / "hosts", tmp_path / "b" / "hosts")
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "inv.py"
+    path.write_text(f"#!{os.sys.executable}\nimport json, sys\n{textwrap.dedent(body)}")  # type: ignore[attr-defined]
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("sys.exit('cloud API says no')\n", "inv.py --list: inventory script exited 1: cloud API says no"),
+        ("print('not json')\n", "inv.py --list: inventory script output is not JSON (line 1: "),
+        ("print('[]')\n", "inv.py --list: inventory script must print a JSON object, got a list"),
+        ("print(json.dumps({'g': {'hosts': 'h1'}}))\n", "inv.py --list: 'g.hosts' must be a list, got a string"),
+        ("print(json.dumps({'g': {'hosts': ['h'], 'vars': {'ansible_colour': 1}}}))\n",
+         "inv.py --list: group 'g': ansible_colour is not a connection variable"),
+        ("print(json.dumps({'g': ['h'], '_meta': {'hostvars': {'h': {'ansible_colour': 1}}}}))\n",
+         "inv.py --list: _meta.hostvars: host 'h': ansible_colour is not a connection variable"),
+    ],
+)
+def test_script_errors_are_one_line(tmp_path: Path, body: str, expected: str) -> None:
+    script = _script(tmp_path, body)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(script)
+    assert str(info.value).startswith(f"{tmp_path}/{expected}")
+    assert "\n" not in str(info.value)
+
+
+def test_limit_file(tmp_path: Path) -> None:
+    inv = make(tmp_path, {"hosts.yml": "all:\n  hosts:\n    a:\n    b:\n    c:\n", "limit": "a\n\nc\n!c\n"})
+    assert [h.name for h in inv.select(f"@{tmp_path}/limit")] == ["a"]
+    with pytest.raises(PatternError, match="^limit file .*/nope: not found$"):
+        inv.select(f"@{tmp_path}/nope")

@@ -1,7 +1,13 @@
 """fleetctl's inventory against real Ansible: same vars per host, same hosts per pattern.
 
-A session fixture installs ansible-core into <repo>/.cache/ansible-venv (reused when it works).
-It never skips: if Ansible cannot be installed, these tests fail and say why.
+The YAML fixture (rich/), an INI inventory (ini/), an inventory directory mixing INI, YAML, an
+executable script, a subfolder and ignored names (dir/), several -i at once with a host list
+(multi/), and an inventory script with and without _meta (script/) are each compared with
+`ansible-inventory --list` / `--host` and `ansible PATTERN --list-hosts` (also with -l @file).
+
+A session fixture installs ansible-core (pinned: ANSIBLE_CORE) into <repo>/.cache/ansible-venv
+(reused when it is that version). It never skips: if Ansible cannot be installed, these tests
+fail and say why.
 """
 
 from __future__ import annotations
@@ -23,7 +29,25 @@ from fleetctl.inventory import Inventory, load_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".cache" / "ansible-venv"
-RICH = Path(__file__).resolve().parent / "fixtures" / "inventory" / "rich" / "hosts.yml"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "inventory"
+RICH = FIXTURES / "rich" / "hosts.yml"
+ANSIBLE_CORE = "2.19.14"  # what the comparison is made against; bench/peers.py allows 2.19.x
+# Each case: the -i sources (several -i when more than one), and env for the inventory script.
+CASES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "ini": ([str(FIXTURES / "ini" / "hosts.ini")], {}),
+    "dir": ([str(FIXTURES / "dir")], {}),
+    "multi": ([str(FIXTURES / "multi" / "a" / "hosts.yml"), str(FIXTURES / "multi" / "b" / "hosts.ini"),
+               "x1,x2:2200,"], {}),
+    "script": ([str(FIXTURES / "script" / "inventory.py")], {}),
+    "script-nometa": ([str(FIXTURES / "script" / "inventory.py")], {"FLEETCTL_TEST_NO_META": "1"}),
+}
+CASE_PATTERNS = {
+    "ini": ["all", "gpu", "gpu:!rack2", "odd:&blackwell", "ungrouped", "later", "h200[1:2]", "bw*", "~ct13"],
+    "dir": ["all", "h200", "storage", "cloud:!storage", "deep", "nas*"],
+    "multi": ["all", "gpu", "h200", "ungrouped", "x*"],
+    "script": ["all", "gpu", "legacy", "webhost", "ungrouped", "gpu:!h200"],
+}
+LIMIT_FILE = FIXTURES / "ini" / "limit.txt"
 EXAMPLE = REPO / "inventory" / "example.yml"
 EXTRA = {"rung": "extra", "nested": {"x": 1}}
 
@@ -45,7 +69,7 @@ def _ansible_works(venv: Path) -> bool:
     if not exe.exists():
         return False
     done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=120)
-    return done.returncode == 0
+    return done.returncode == 0 and f"core {ANSIBLE_CORE}]" in done.stdout
 
 
 def _install_ansible(venv: Path) -> None:
@@ -53,7 +77,7 @@ def _install_ansible(venv: Path) -> None:
         shutil.rmtree(venv)
     python = shutil.which("python3") or sys.executable
     steps = [[python, "-m", "venv", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "ansible-core"]]
+             [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"ansible-core=={ANSIBLE_CORE}"]]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
@@ -61,7 +85,7 @@ def _install_ansible(venv: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def ansible(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence[str]], str]:
+def ansible(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
     """Run an Ansible command (name, args...) in a scratch HOME/cwd; return its stdout."""
     if not _ansible_works(VENV):
         _install_ansible(VENV)
@@ -78,10 +102,11 @@ def ansible(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence[str]
     }
     env.pop("ANSIBLE_CONFIG", None)
 
-    def run(argv: Sequence[str]) -> str:
+    def run(argv: Sequence[str], more_env: dict[str, str] | None = None) -> str:
         cmd = [str(VENV / "bin" / argv[0]), *argv[1:]]
         # cwd is scratch so no ansible.cfg or playbook-dir group_vars sneak in.
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=scratch, timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**env, **(more_env or {})}, cwd=scratch,
+                              timeout=120)
         assert done.returncode == 0, f"{' '.join(cmd)} failed: {done.stderr}"
         return done.stdout
 
@@ -89,7 +114,7 @@ def ansible(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence[str]
 
 
 @pytest.fixture(scope="session")
-def answers(ansible: Callable[[Sequence[str]], str]) -> dict[str, str]:
+def answers(ansible: Callable[..., str]) -> dict[str, str]:
     """Every Ansible answer the tests need, fetched in parallel (each call costs ~1 s)."""
     inv = str(RICH)
     listing = json.loads(ansible(["ansible-inventory", "-i", inv, "--list"]))
@@ -185,3 +210,70 @@ def test_example_inventory_matches_ansible(answers: dict[str, str]) -> None:
     for name, entry in listing.items():
         if name not in ("_meta", "all"):
             assert set(example.groups[name].hosts) == set(entry.get("hosts", [])), name
+
+
+# --- INI, directories, scripts, several -i, -l @file ----------------------------------------
+
+
+def _i(sources: list[str]) -> list[str]:
+    return [arg for source in sources for arg in ("-i", source)]
+
+
+@pytest.fixture(scope="session")
+def case_answers(ansible: Callable[..., str]) -> dict[str, object]:
+    """For every case: Ansible's --list, --host of each host, and --list-hosts of its patterns."""
+    with ThreadPoolExecutor(max_workers=max(4, (os.cpu_count() or 2) * 2)) as pool:
+        listings = dict(zip(CASES, pool.map(
+            lambda c: json.loads(ansible(["ansible-inventory", *_i(CASES[c][0]), "--list"], CASES[c][1])), CASES),
+            strict=True))
+        calls: dict[str, tuple[list[str], dict[str, str]]] = {}
+        for case, (sources, env) in CASES.items():
+            for host in listings[case]["_meta"]["hostvars"]:
+                calls[f"{case}/host:{host}"] = (["ansible-inventory", *_i(sources), "--host", host], env)
+            for pattern in CASE_PATTERNS.get(case, []):
+                calls[f"{case}/pattern:{pattern}"] = (["ansible", pattern, *_i(sources), "--list-hosts"], env)
+        calls["ini/limit"] = (["ansible", "all", *_i(CASES["ini"][0]), "--list-hosts", "-l", f"@{LIMIT_FILE}"], {})
+        calls["ini/limit-and"] = (["ansible", "gpu", *_i(CASES["ini"][0]), "--list-hosts", "-l",
+                                   f"@{LIMIT_FILE},bw01"], {})
+        outputs = dict(zip(calls, pool.map(lambda k: ansible(*calls[k]), calls), strict=True))
+    return {"list": listings, **outputs}
+
+
+def _ours(case: str, monkeypatch: pytest.MonkeyPatch) -> Inventory:
+    sources, env = CASES[case]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return load_inventory(sources)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_case_matches_ansible(case_answers: dict[str, object], case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _ours(case, monkeypatch)
+    listing = case_answers["list"][case]  # type: ignore[index]
+    assert set(ours.hosts) == set(listing["_meta"]["hostvars"])
+    for name, host in ours.hosts.items():
+        assert host.vars == json.loads(case_answers[f"{case}/host:{name}"]), name  # type: ignore[arg-type]
+    for name, entry in listing.items():
+        if name == "_meta":
+            continue
+        assert set(ours.groups[name].children) == set(entry.get("children", [])), name
+        if name != "all":
+            assert set(ours.groups[name].hosts) == set(entry.get("hosts", [])), name
+    non_empty = {g for g, grp in ours.groups.items() if grp.hosts or grp.children}
+    assert non_empty - {"all"} <= set(listing)
+
+
+@pytest.mark.parametrize(("case", "pattern"), [(c, p) for c, ps in CASE_PATTERNS.items() for p in ps])
+def test_case_pattern_matches_ansible(case_answers: dict[str, object], case: str, pattern: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _ours(case, monkeypatch)
+    theirs = _listed_hosts(case_answers[f"{case}/pattern:{pattern}"])  # type: ignore[arg-type]
+    assert {h.name for h in ours.select(pattern)} == theirs
+
+
+def test_limit_file_matches_ansible(case_answers: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = _ours("ini", monkeypatch)
+    assert {h.name for h in ours.select(f"@{LIMIT_FILE}")} == _listed_hosts(case_answers["ini/limit"])  # type: ignore[arg-type]
+    # Ansible's 'gpu -l @file,bw01' is the pattern intersected with the limit.
+    limited = {h.name for h in ours.select(f"@{LIMIT_FILE},bw01")} & {h.name for h in ours.select("gpu")}
+    assert limited == _listed_hosts(case_answers["ini/limit-and"])  # type: ignore[arg-type]

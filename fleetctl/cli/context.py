@@ -11,11 +11,12 @@ if TYPE_CHECKING:
     from fleetctl.inventory import Host, Inventory
     from fleetctl.transport.fleet import Fleet, RunSettings
     from fleetctl.transport.target import ConnectOptions
+    from fleetctl.vault import Vault
 
 
 @dataclass
 class AppContext:
-    inventory_path: str | None
+    inventory_paths: tuple[str, ...]
     limit: str | None
     forks: int
     json: bool
@@ -24,16 +25,17 @@ class AppContext:
     timeout: float | None = None
     persist: float = 0.0
     connect: ConnectOptions | None = None  # -u, --private-key, -b, --become-user, -K
+    vault: Vault | None = None  # --vault-password-file, --vault-id, --ask-vault-pass
     _inventory: Inventory | None = None
 
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            if not self.inventory_path:
+            if not self.inventory_paths:
                 raise InputError("no inventory: pass -i PATH or set FLEETCTL_INVENTORY")
             from fleetctl.inventory import load_inventory
 
-            self._inventory = load_inventory(self.inventory_path, self.extra_vars)
+            self._inventory = load_inventory(self.inventory_paths, self.extra_vars, self.vault)
         return self._inventory
 
     def selected_hosts(self, limit: str | None = None) -> list[Host]:

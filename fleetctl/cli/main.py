@@ -27,6 +27,7 @@ COMMANDS = {
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
+    "vault": "fleetctl.cli.vault:vault",
 }
 
 
@@ -44,8 +45,9 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
-@click.option("-i", "--inventory", "inventory_path", envvar="FLEETCTL_INVENTORY", metavar="PATH",
-              help="Inventory file (Ansible YAML format). Env: FLEETCTL_INVENTORY.")
+@click.option("-i", "--inventory", "inventory_paths", multiple=True, metavar="PATH",
+              help="Inventory source, repeatable: an Ansible YAML or INI file, a directory of them, an executable "
+                   "inventory script, or 'host1,host2,'. Env: FLEETCTL_INVENTORY (a ',' or ':' list).")
 @click.option("-l", "--limit", metavar="PATTERN", help="Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+'.")
 @click.option("-f", "--forks", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Hosts worked on in parallel.")
@@ -65,20 +67,31 @@ class LazyGroup(click.Group):
               "sets no ansible_become.")
 @click.option("--become-user", metavar="USER", help="The user to become (default root).")
 @click.option("-K", "--ask-become-pass", is_flag=True, help="Ask for the sudo password once, before connecting.")
+@click.option("--vault-password-file", "vault_password_files", multiple=True, metavar="FILE",
+              help="Vault password file (label 'default'); an executable one is run and its output used.")
+@click.option("--vault-id", "vault_ids", multiple=True, metavar="LABEL@FILE",
+              help="Vault password with its vault-id label (LABEL@prompt asks), repeatable.")
+@click.option("--ask-vault-pass", "--ask-vault-password", is_flag=True, help="Ask for the vault password once.")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
-def cli(ctx: click.Context, inventory_path: str | None, limit: str | None, forks: int, as_json: bool,
+def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int, as_json: bool,
         extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
-        become: bool, become_user: str | None, ask_become_pass: bool, verbose: int) -> None:
+        become: bool, become_user: str | None, ask_become_pass: bool, vault_password_files: tuple[str, ...],
+        vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if verbose < 2:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     connect = options.connect_options(user, private_key, become, become_user, ask_become_pass)
-    ctx.obj = AppContext(inventory_path, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
-                         connect)
+    if not inventory_paths and os.environ.get("FLEETCTL_INVENTORY"):
+        from fleetctl.inventory.sources import env_sources
+
+        inventory_paths = tuple(env_sources(os.environ["FLEETCTL_INVENTORY"]))
+    vault = options.vault_options(vault_password_files, vault_ids, ask_vault_pass)
+    ctx.obj = AppContext(inventory_paths, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
+                         connect, vault)
 
 
 def _crash_log() -> Path:

@@ -44,16 +44,19 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook import journal as jr
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.playbook.schema import load_playbook
-    from fleetctl.secrets import Redactor
+    from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)
-    playbook = load_playbook(playbook_path)
+    playbook = load_playbook(playbook_path, app.vault)
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
-    folder = jr.runs_dir(inventory.path)
+    folder = jr.runs_dir(inventory.folder)
     # The inventory holds -e too (extra vars are merged into every host's vars).
     redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
+    # !vault values in the playbook (play vars, task arguments) are secrets too.
+    in_playbook = vault_values([*(p.model.vars for p in playbook.plays), *(t.args for t in playbook.tasks())])
+    redact = Redactor([*redact.values, *in_playbook])
     if app.connect and app.connect.become_password:  # -K: never in the journal either
         redact = Redactor([*redact.values, app.connect.become_password])
     events = None
@@ -68,7 +71,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     command = " ".join(["fleetctl run", str(playbook_path), *(["--check"] if check else [])])
     options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
                          start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
-                         resume_events=events, rollback_timeout=rollback_timeout, command=command)
+                         resume_events=events, rollback_timeout=rollback_timeout, command=command,
+                         vault=app.vault)
     printer = Printer(app.json, show_diff)
     runner = Runner(inventory, playbook, options, app.run_settings(),
                     journal, printer.on_event)
@@ -84,8 +88,9 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
                           "exit_code": code, "recap": {h: dict(c) for h, c in runner.recap.items()},
                           "results": runner.results})
     else:
+        sources = " ".join(f"-i {s}" for s in inventory.sources)
         printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
-                      resume=f"fleetctl -i {inventory.path} run {playbook_path} --resume {journal.run_id}")
+                      resume=f"fleetctl {sources} run {playbook_path} --resume {journal.run_id}")
     return code
 
 
@@ -237,7 +242,7 @@ def list_runs(app: AppContext, as_json: bool) -> int:
     """Every run: id, playbook, when, how it ended."""
     from fleetctl.playbook import journal as jr
 
-    found = jr.list_runs(jr.runs_dir(app.inventory.path))
+    found = jr.list_runs(jr.runs_dir(app.inventory.folder))
     if as_json or app.json:
         render.emit_json([s.to_dict() for s in found])
         return 0
@@ -255,7 +260,7 @@ def show_run(app: AppContext, run_id: str, as_json: bool) -> int:
     """One run's events: batches, per-host task results, rollbacks, where it stopped; the recap."""
     from fleetctl.playbook import journal as jr
 
-    path = jr.find_run(jr.runs_dir(app.inventory.path), run_id)
+    path = jr.find_run(jr.runs_dir(app.inventory.folder), run_id)
     events = jr.read_events(path)
     if as_json or app.json:
         render.emit_json(events)

@@ -24,8 +24,8 @@ from fleetctl.secrets import Redactor
 _RUN_ID = re.compile(r"^[0-9]{8}-[0-9]{6}(-[0-9]+)?-[A-Za-z0-9_.-]+$")
 
 
-def runs_dir(inventory_path: Path) -> Path:
-    return inventory_path.resolve().parent / ".fleetctl" / "runs"
+def runs_dir(inventory_folder: Path) -> Path:
+    return inventory_folder.resolve() / ".fleetctl" / "runs"
 
 
 class Journal:

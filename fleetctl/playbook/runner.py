@@ -31,6 +31,7 @@ from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
 from fleetctl.playbook.schema import Play, Playbook, Task
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
+from fleetctl.vault import Vault
 
 Listener = Callable[[str, dict[str, Any]], None]
 RECAP_KEYS = ("ok", "changed", "failed", "unreachable", "skipped", "ignored", "rolled_back")
@@ -48,6 +49,7 @@ class RunOptions:
     resume_events: list[dict[str, Any]] | None = None  # the journal of the run being resumed
     rollback_timeout: float = 300.0
     command: str = "fleetctl run"
+    vault: Vault | None = None  # --vault-password-file / --vault-id: encrypted copy sources
 
 
 T = TypeVar("T")
@@ -92,7 +94,7 @@ class Runner:
         self.fleet = Fleet(inventory, [], settings)
         self.holder = who(options.command)
         self.services = RunServices(inventory, settings, self.holder, templating.render_text, templating.evaluate,
-                                    self.fleet.contexts)
+                                    self.fleet.contexts, options.vault)
         self.registered: dict[str, dict[str, Any]] = {}
         self.recap: dict[str, Counter[str]] = {}
         self.results: dict[str, list[dict[str, Any]]] = {}  # per host, for --json

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fleetctl import yamlfile
 from fleetctl.playbook.modules import MODULES, Module
 from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
+from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
              "become_user")
@@ -145,9 +146,9 @@ class Playbook:
             yield from play.tasks
 
 
-def load_playbook(path: Path) -> Playbook:
+def load_playbook(path: Path, vault: Vault | None = None) -> Playbook:
     """Read and check ``path``; the first problem raises InputError naming file:line."""
-    doc = yamlfile.load(path, "playbook")
+    doc = yamlfile.load(path, "playbook", vault)
     if not isinstance(doc.data, list) or not doc.data:
         raise doc.error((), "a playbook is a non-empty list of plays")
     plays = [_play(doc, i, raw) for i, raw in enumerate(doc.data)]

@@ -187,4 +187,4 @@ def _details(exc: FleetError) -> dict[str, Any]:
 
 
 def known_hosts_for(inventory: Inventory, host: Host) -> Path:
-    return hostkeys.known_hosts_file(inventory.path, host.connection.known_hosts)
+    return hostkeys.known_hosts_file(inventory.folder, host.connection.known_hosts)

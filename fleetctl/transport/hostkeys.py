@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts").expanduser()
 
 
-def known_hosts_file(inventory_path: Path, configured: str | None) -> Path:
+def known_hosts_file(inventory_folder: Path, configured: str | None) -> Path:
     """Where this host's key is looked up (and pinned by ``hosts trust``)."""
     if configured:
         return Path(configured)
-    beside = inventory_path.parent / "known_hosts"
+    beside = inventory_folder / "known_hosts"
     if beside.exists() or not USER_KNOWN_HOSTS.exists():
         return beside
     return USER_KNOWN_HOSTS

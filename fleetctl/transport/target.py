@@ -119,7 +119,7 @@ class _Resolver:
             hostname=found.hostname,
             port=spec.port or found.port or 22,
             user=spec.user or cli.user or found.user or getpass.getuser(),
-            known_hosts=hostkeys.known_hosts_file(self.inventory.path, spec.known_hosts),
+            known_hosts=hostkeys.known_hosts_file(self.inventory.folder, spec.known_hosts),
             connect_timeout=self.timeout or spec.connect_timeout,
             key_files=keys,
             look_for_keys=not keys,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fleetctl.errors import ConnectError, HostError
+from fleetctl.vault import Vault
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
@@ -59,8 +60,9 @@ class RunServices:
 
     def __init__(self, inventory: Inventory, settings: RunSettings, holder: dict[str, Any],
                  render: Callable[[str, dict[str, Any]], str], evaluate: Callable[[str, dict[str, Any]], Any],
-                 sessions: dict[str, HostContext]) -> None:
+                 sessions: dict[str, HostContext], vault: Vault | None = None) -> None:
         self.inventory = inventory
+        self.vault = vault or Vault()  # decrypts vault-encrypted copy sources
         self.settings = settings
         self.holder = holder
         self.render = render  # render(template_text, vars) -> str, Jinja2 with StrictUndefined

@@ -27,6 +27,7 @@ from pydantic import field_validator, model_validator
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
 from fleetctl.secrets import MASK, mask_values, secret_values
+from fleetctl.vault import is_encrypted
 
 MAX_CONTENT = 64 * 1024 * 1024  # travels in one agent message (base64): config files, not data sets
 MAX_DIFF_TEXT = 256 * 1024  # host files up to this size come back as text, to diff
@@ -233,12 +234,18 @@ def host_file(mc: ModuleContext, dest: str) -> HostFile:
     return now
 
 
-def ensure_file(mc: ModuleContext, dest: str, data: bytes, wanted_mode: int | None) -> TaskResult:
-    """The shared body of ``copy`` and ``template``: compare, then write when something differs."""
+def ensure_file(mc: ModuleContext, dest: str, data: bytes, wanted_mode: int | None,
+                is_secret: bool = False) -> TaskResult:
+    """The shared body of ``copy`` and ``template``: compare, then write when something differs.
+    ``is_secret``: the whole content is a secret (a vault-encrypted source), as if it held one."""
     if len(data) > MAX_CONTENT:
         raise InputError(f"{dest}: {len(data)} bytes; copy/template take at most {MAX_CONTENT}")
     secrets = secret_values(mc.vars)
-    secret = holds_secret(data, secrets)
+    if is_secret:  # the whole text is the secret, and each of its lines (a diff shows lines)
+        text = data.decode("utf-8", "replace")
+        secrets = sorted({text, *(line for line in text.splitlines() if line.strip()), *secrets},
+                         key=lambda v: (-len(v), v))
+    secret = is_secret or holds_secret(data, secrets)
     now = host_file(mc, dest)
     plan = plan_file(now, data, wanted_mode, secret)
     result = TaskResult(changed=plan.changed, msg=mask_values(plan_message(dest, plan, len(data), mc.check), secrets))
@@ -290,7 +297,10 @@ def render_template(mc: ModuleContext, path: Path) -> str:
 def copy(mc: ModuleContext, args: CopyArgs) -> TaskResult:
     """Put a controller file (``src``, relative to the playbook) or ``content`` at ``dest`` on the host."""
     data = args.content.encode("utf-8") if args.content is not None else read_source(mc.path(args.src or ""), "src")
-    return ensure_file(mc, args.dest, data, args.mode_bits)
+    vaulted = args.content is None and is_encrypted(data)
+    if vaulted:  # an ansible-vault encrypted source: its plaintext goes to the host, as Ansible's copy does
+        data = mc.run.vault.decrypt(data.decode("ascii", "replace"), f"src {mc.path(args.src or '')}")
+    return ensure_file(mc, args.dest, data, args.mode_bits, is_secret=vaulted)
 
 
 @module("template", TemplateArgs)
