@@ -27,6 +27,7 @@ COMMANDS = {
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
+    "report": "fleetctl.cli.report:report",
 }
 
 
