@@ -144,8 +144,7 @@ def host_verdict(report: DriftReport, host: str) -> dict[str, Any]:
         info = ", ".join(f"{counts[k.value]} {k.value}" for k in KIND_ORDER if k in INFO_KINDS and k.value in counts)
         return {"level": "green", "counts": counts, "text": "in line" + (f" ({info})" if info else "")}
     level = "red" if any(k in RED_KINDS for k in drifting) else "amber"
-    return {"level": level, "counts": counts, "text": "drift: " + ", ".join(f"{counts[k.value]} {k.value}"
-                                                                             for k in drifting)}
+    return {"level": level, "counts": counts, "text": ", ".join(f"{counts[k.value]} {k.value}" for k in drifting)}
 
 
 def classes(report: DriftReport, cap: int = 50) -> list[dict[str, Any]]:

@@ -2,8 +2,8 @@
 JSON-able document (``build``); ``--json`` prints it and the HTML page renders exactly it.
 
 Each host row judges five things red / amber / green, always with a text verdict beside the colour:
-- release: a current release, its service running and /health answering 200 (green); a release with
-  its service stopped or unhealthy (red); no release on the host (amber);
+- release: a current release (green), none (amber), its state unreadable (red);
+- service and health, per instance: running and /health answering 200 (green), else red;
 - drift: the worst finding class (``drift_report.kind_level``: red for version, missing,
   duplicate-dist-info, modified-file, missing-file; amber for the others; patched/overlay are green);
 - GPU: ``gpu_health``'s verdict, with its worst rule and that rule's value;
@@ -15,7 +15,6 @@ The row's verdict is the worst of them; rows are sorted worst first, then by nam
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -43,18 +42,12 @@ def worst(levels: list[str]) -> str:
 
 
 def release_verdict(status: HostStatus | None, error: str | None) -> dict[str, Any]:
+    """Which release the host has (its service is judged per instance, in ``instances``)."""
     if status is None:
         return verdict("red", f"release state unreadable: {error or '?'}", current=None, previous=None)
     if not status.current:
         return verdict("amber", "no release", current=None, previous=status.previous)
-    running = bool(status.service.get("running"))
-    if not running:
-        text, level = f"{status.current}: service stopped", "red"
-    elif status.health != "200":
-        text, level = f"{status.current}: health {status.health}", "red"
-    else:
-        text, level = f"{status.current}: serving", "green"
-    return verdict(level, text, current=status.current, previous=status.previous)
+    return verdict("green", status.current, current=status.current, previous=status.previous)
 
 
 def instances(status: HostStatus | None) -> list[dict[str, Any]]:
@@ -102,7 +95,8 @@ def host_row(name: str, res: HostResult[HostGathered], groups: list[str], drift_
                            "last_run": run_verdict(touch)}
     if g is None:
         unknown = verdict("none", "unknown (host not reached)")
-        row.update(release=unknown, instances=[], drift=unknown, gpu={**unknown, "models": []})
+        row.update(release={**unknown, "current": None, "previous": None}, instances=[],
+                   drift={**unknown, "counts": {}}, gpu={**unknown, "rule": None, "value": None, "models": []})
         row.update(level="red", problems=[f"{res.status.value}: {res.reason}"])
         return row
     row.update(release=release_verdict(g.release, g.errors.get("release")), instances=instances(g.release),
@@ -114,16 +108,17 @@ def host_row(name: str, res: HostResult[HostGathered], groups: list[str], drift_
     return row
 
 
-def timeline(host: str, history: list[dict[str, Any]], start: float, now: float) -> dict[str, Any]:
+def timeline(host: str, history: list[dict[str, Any]], start: float, now: float,
+             colours: Mapping[str, str]) -> dict[str, Any]:
     """The host's release switches over [start, now]: one segment per release held (left and width in
-    percent of the window), and the switches as text, oldest first."""
+    percent of the window), and the switches as text, oldest first. ``colours``: release id -> r0..r7."""
     switches = sorted((h for h in history if isinstance(h.get("time"), int | float)), key=lambda h: h["time"])
     span = max(now - start, 1.0)
     segments = []
     for i, h in enumerate(switches):
         end = switches[i + 1]["time"] if i + 1 < len(switches) else now
         rid = str(h.get("to") or "?")
-        segments.append({"release": rid, "start": h["time"], "end": end, "colour": _colour(rid),
+        segments.append({"release": rid, "start": h["time"], "end": end, "colour": colours.get(rid, "r0"),
                          "left": round(100 * (h["time"] - start) / span, 2),
                          "width": round(max(100 * (end - h["time"]) / span, 0.5), 2)})
     shown = [{"time": h["time"], "from": h.get("from"), "to": h.get("to"), "reason": str(h.get("reason") or ""),
@@ -132,8 +127,13 @@ def timeline(host: str, history: list[dict[str, Any]], start: float, now: float)
     return {"host": host, "segments": segments, "switches": shown}
 
 
-def _colour(release_id: str) -> str:
-    return f"r{int(hashlib.sha256(release_id.encode()).hexdigest(), 16) % PALETTE}"
+def colours(histories: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Release id -> colour class, in the order the fleet first switched to each: the releases of one
+    page get distinct colours (up to PALETTE of them; beyond, the id written in each segment tells)."""
+    seen = sorted((h["time"], str(h.get("to") or "?")) for hs in histories.values() for h in hs
+                  if isinstance(h.get("time"), int | float))
+    order = list(dict.fromkeys(rid for _, rid in seen))
+    return {rid: f"r{i % PALETTE}" for i, rid in enumerate(order)}
 
 
 def _is_rollback(reason: str) -> bool:
@@ -152,6 +152,7 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
     histories = {n: r.value.history for n, r in g.hosts.items() if r.value is not None and r.value.history}
     times = [h["time"] for hs in histories.values() for h in hs if isinstance(h.get("time"), int | float)]
     start = min(times, default=now)
+    palette = colours(histories)
     counts = {lv: sum(1 for r in rows if r["level"] == lv) for lv in ("red", "amber", "green")}
     notes = []
     wanted = g.request.baseline_host
@@ -164,7 +165,7 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
         "hosts": rows,
         "drift": drift_report.to_view(g.drift, g.request.show_all),
         "rollouts": [run.to_dict() for run in g.runs],
-        "timelines": [timeline(n, hs, start, now) for n, hs in sorted(histories.items())],
+        "timelines": [timeline(n, hs, start, now, palette) for n, hs in sorted(histories.items())],
         "window": {"start": start, "end": now},
         "notes": notes,
     }

@@ -13,8 +13,9 @@ from typing import Any
 
 from fleetctl.playbook import journal
 
-# What a run did to one host, worst first (a host that failed and was then rolled back is "rolled back").
-HOST_RESULTS = ("unreachable", "failed", "rolled back", "incomplete", "changed", "ok")
+# What a run did to one host, the one kept first: a host that failed and was then rolled back is
+# "rolled back" (the run undid its change), one that failed and stayed so is "failed".
+HOST_RESULTS = ("unreachable", "rolled back", "failed", "incomplete", "changed", "ok")
 
 
 @dataclass
