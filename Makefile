@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: help deps sshd demo test lint typecheck pytest bench lab-down clean
+.PHONY: help deps sshd chromium demo test lint typecheck pytest bench lab-down clean
 
 help:
 	@echo "make demo   - start the lab fleet and run the main job on it"
@@ -32,6 +32,11 @@ sshd:
 	    systemd sudo >/dev/null; \
 	fi
 
+# Headless Chromium: the report's lab test opens the page in it (DOM after the script, screenshots),
+# and bench/report_page.py times it. Not part of deps: only those two need it.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
 demo: deps
 	bash scripts/demo.sh
 
@@ -41,7 +46,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: deps
+pytest: deps chromium
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
@@ -50,8 +55,8 @@ test: lint typecheck pytest
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.
 # probe_search.py: the host-side search alone against ripgrep, and probe grep against ssh+rg (issue 3).
 # The narrower scripts (drift.py, release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py
-bench: deps
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py
+bench: deps chromium
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
 lab-down: $(STAMP)

@@ -97,8 +97,9 @@ class Baseline:
     lock: bool = False
 
 
-def collect(session: HostSession, venv: str | None, verify_files: bool) -> HostInventory:
-    """One host's distributions (and file check) from its venv, plus its GPU stack."""
+def collect(session: HostSession, venv: str | None, verify_files: bool, gpu: GpuFacts | None = None) -> HostInventory:
+    """One host's distributions (and file check) from its venv, plus its GPU stack (``gpu``: the
+    host's GPU facts when the caller already collected them)."""
     python = probe_python(session, venv)
     try:
         params = {"verify_files": verify_files, "cache_dir": hostpaths.cache_dir(session.vars),
@@ -108,7 +109,8 @@ def collect(session: HostSession, venv: str | None, verify_files: bool) -> HostI
         if exc.etype == "InterpreterNotFound":
             raise RemoteOperationError(session.name, "drift", exc.etype, f"no venv: {exc.remote_message}") from None
         raise
-    gpu = collect_gpu(session, health=False)
+    if gpu is None:
+        gpu = collect_gpu(session, health=False)
     return parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
 
 

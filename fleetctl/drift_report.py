@@ -76,9 +76,12 @@ def to_json(report: DriftReport, show_all: bool = False) -> dict[str, Any]:
                    "findings": [f.to_dict() for f in report.findings[h]]} for h, inv in report.inventories.items()},
             **{h: {"status": r.status.value, "reason": r.reason} for h, r in report.failed.items()},
         },
-        "matrix": {"columns": m.columns, "rows": [{"name": n, "cells": [c.__dict__ for c in cells]}
-                                                  for n, cells in m.rows]},
+        "matrix": matrix_json(m),
     }
+
+
+def matrix_json(m: Matrix) -> dict[str, Any]:
+    return {"columns": m.columns, "rows": [{"name": n, "cells": [c.__dict__ for c in cells]} for n, cells in m.rows]}
 
 
 def _md(text: str) -> str:
@@ -109,12 +112,67 @@ def to_markdown(report: DriftReport, show_all: bool = False) -> str:
 
 
 def to_html(report: DriftReport, show_all: bool = False) -> str:
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+    """The drift view of the fleet report's renderer: the same stylesheet and drift sections."""
+    from fleetctl import report_html
 
-    env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
-                      autoescape=select_autoescape(["html", "j2"], default=True))
-    return env.get_template("drift.html.j2").render(
-        report=report, m=matrix(report, show_all), info_kinds=INFO_KINDS, kinds=[k.value for k in CELL_KINDS])
+    return report_html.render("drift.html.j2", drift=to_view(report, show_all), kinds=[k.value for k in CELL_KINDS])
+
+
+# --- the view the HTML pages (drift and fleet report) render -------------------------------------
+
+# A finding class's colour: red breaks imports or means files changed under pip; amber differs
+# from the baseline without breaking by itself; the information classes are green.
+RED_KINDS = frozenset({Kind.VERSION, Kind.MISSING, Kind.DUPLICATE, Kind.MODIFIED, Kind.MISSING_FILE})
+KIND_ORDER = (Kind.MISSING, Kind.DUPLICATE, Kind.VERSION, Kind.MODIFIED, Kind.MISSING_FILE, Kind.UNSATISFIED,
+              Kind.EXTRA, Kind.STACK, Kind.ORPHAN, Kind.FOREIGN_SHEBANG, Kind.PATCHED, Kind.OVERLAY)
+
+
+def kind_level(kind: Kind) -> str:
+    return "green" if kind in INFO_KINDS else "red" if kind in RED_KINDS else "amber"
+
+
+def host_verdict(report: DriftReport, host: str) -> dict[str, Any]:
+    """One host's drift: its worst class's colour, a text verdict and the count per finding class."""
+    if host in report.failed:
+        res = report.failed[host]
+        return {"level": "red" if res.status.value == "unreachable" else "amber", "counts": {},
+                "text": f"not audited: {res.reason}"}
+    found = report.findings.get(host, [])
+    counts = {k.value: n for k in KIND_ORDER if (n := sum(1 for f in found if f.kind is k))}
+    drifting = [k for k in KIND_ORDER if k.value in counts and k not in INFO_KINDS]
+    if not drifting:
+        info = ", ".join(f"{counts[k.value]} {k.value}" for k in KIND_ORDER if k in INFO_KINDS and k.value in counts)
+        return {"level": "green", "counts": counts, "text": "in line" + (f" ({info})" if info else "")}
+    level = "red" if any(k in RED_KINDS for k in drifting) else "amber"
+    return {"level": level, "counts": counts, "text": ", ".join(f"{counts[k.value]} {k.value}" for k in drifting)}
+
+
+def classes(report: DriftReport, cap: int = 50) -> list[dict[str, Any]]:
+    """Findings grouped by class, worst class first; identical details across hosts gathered."""
+    out = []
+    for kind in KIND_ORDER:
+        hosts_of: dict[str, list[str]] = {}
+        for host, findings in report.findings.items():
+            for f in findings:
+                if f.kind is kind:
+                    hosts_of.setdefault(f.detail, []).append(host)
+        if not hosts_of:
+            continue
+        items = [{"hosts": hosts, "detail": detail} for detail, hosts in hosts_of.items()]
+        out.append({"kind": kind.value, "level": kind_level(kind), "info": kind in INFO_KINDS,
+                    "hosts": sorted({h for i in items for h in i["hosts"]}), "count": report.count(kind),
+                    "items": items[:cap], "more": max(0, len(items) - cap)})
+    return out
+
+
+def to_view(report: DriftReport, show_all: bool = False) -> dict[str, Any]:
+    m = matrix(report, show_all)
+    return {
+        "summary": report.summary(), "baseline": report.baseline.source, "show_all": show_all,
+        "hosts": [{"host": h, **host_verdict(report, h)} for h in [*report.inventories, *report.failed]],
+        "classes": classes(report),
+        "matrix": matrix_json(m),
+    }
 
 
 STYLES = {"version": "black on yellow", "missing": "white on red", "extra": "black on cyan",
@@ -175,7 +233,7 @@ def emit(report: DriftReport, fmt: str, output: Path | None, show_all: bool) -> 
     if output is None:
         sys.stdout.write(text)
         return
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(output)  # never a half-written report
+    from fleetctl import render
+
+    render.write_atomic(output, text)
     sys.stderr.write(f"{report.summary()}\nreport written to {output}\n")

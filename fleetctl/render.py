@@ -31,6 +31,16 @@ def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def write_atomic(path: Any, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: never a half-written file."""
+    from pathlib import Path
+
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)
+
+
 def results_json(results: dict[str, HostResult[T]], value: Callable[[T], Any]) -> dict[str, Any]:
     """``{"hosts": {name: {"status", "value"|"reason", ...}}, "summary": {...}}``."""
     hosts: dict[str, Any] = {}

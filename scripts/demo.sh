@@ -81,4 +81,7 @@ step "One-step rollback, as fleetop with sudo" g -b rollback
 step "Status through the alias" g status
 unset FLEETCTL_SSH_CONFIG
 step "Every run is journaled beside the inventory" f runs list
+step "The fleet at a glance: release, service, drift, GPU health and the last run per host, one page" \
+  f report --venv /root/ml-env --skip unsatisfied --output "$DEMO/fleet.html"
+printf 'fleet report: %s\n' "$PWD/$DEMO/fleet.html"
 printf '\nThe lab stays up for you to try: fleetctl -i %s ...   (fleetctl lab down stops it)\n' "$INV"

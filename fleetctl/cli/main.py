@@ -27,7 +27,7 @@ COMMANDS = {
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
-    "vault": "fleetctl.cli.vault:vault",
+    "vault": "fleetctl.cli.vault:vault", "report": "fleetctl.cli.report:report",
 }
 
 
@@ -58,7 +58,8 @@ class LazyGroup(click.Group):
               help="Per-command timeout in seconds.")
 @click.option("--persist", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS", envvar="FLEETCTL_PERSIST",
               help="Keep SSH connections and agents this long after a read-only command (ping, facts, probe, "
-                   "drift, status, releases) for the next ones, like ControlPersist; 0: off. Env: FLEETCTL_PERSIST.")
+                   "drift, status, releases, gpu health, report) for the next ones, like ControlPersist; 0: off. "
+                   "Env: FLEETCTL_PERSIST.")
 @click.option("-u", "--user", metavar="USER", help="Log in as USER where the inventory sets no ansible_user "
               "(else ssh_config's User, else your local user).")
 @click.option("--private-key", metavar="FILE", type=click.Path(dir_okay=False),

@@ -72,11 +72,13 @@ class HostStatus:
         return self.__dict__.copy()
 
 
-def status_host(session: HostSession) -> HostStatus:
+def status_host(session: HostSession, state: dict[str, Any] | None = None) -> HostStatus:
+    """``state``: the host's ``release_host state`` answer when the caller already has it."""
     from fleetctl.probes.http import HttpRequest, probe_http
 
     layout = layout_for(session.vars)
-    state = session.call("release_host", {"op": "state", **layout.params()})
+    if state is None:
+        state = session.call("release_host", {"op": "state", **layout.params()})
     service = session.call("service_host", control(layout, "status"))
     stored = state.get("service") or {}
     health = "-"
