@@ -45,7 +45,7 @@ def report(app: AppContext, output: Path | None, venv: str | None, baseline_host
     if baseline_host and lock_file:
         raise click.UsageError("--baseline and --lock are exclusive: pick one baseline")
     request = ReportRequest.for_hosts(
-        app.selected_hosts(), runs_dir(app.inventory.path), venv=venv, baseline_host=baseline_host,
+        app.selected_hosts(), runs_dir(app.inventory.folder), venv=venv, baseline_host=baseline_host,
         lock=(parse_lock(lock_file), str(lock_file)) if lock_file else None, packages=packages, skip=skip,
         verify_files=verify_files, show_all=show_all, runs=runs)
     with app.fleet(read_only=True) as fleet:
