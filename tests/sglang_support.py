@@ -7,12 +7,15 @@ are tested against the files users actually have. Wheels are downloaded once int
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from lab_support import REPO, LabHandle
 
@@ -82,3 +85,13 @@ def wheel_set(requirement: str) -> list[Path]:
                         "--python-version", "3.11", "-d", str(folder), requirement], check=True)
         (folder / ".complete").touch()
     return sorted(folder.glob("*.whl"))
+
+
+def generate(port: int, tokens: int, path: str = "/generate", host: str = "127.0.0.1") -> dict[str, Any]:
+    """One generation from a (stand-in) server, as a client would send it."""
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": tokens}} if path == "/generate" else \
+        {"model": "m", "prompt": "hi", "max_tokens": tokens}
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        return dict(json.loads(answer.read()))

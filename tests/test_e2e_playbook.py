@@ -317,6 +317,8 @@ def test_red_gpu_host_is_left_out_of_the_rollout(lab: LabHandle, tmp_path: Path,
     repo's budget (0%) that halts the rollout; with max_failures: 1 the other hosts deploy."""
     from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fake_smi
 
+    # earlier tests leave the DDTree release's folder on lab2 (kept for rollback): start without it
+    lab.ssh("lab2", f"rm -rf /opt/fleetctl/releases/{ddtree_id()}")
     for host in HOSTS:
         install_fake_smi(lab, host, derive("remap-pending") if host == "lab2" else H200_XML, tmp_path)
     try:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from cli_support import CliRun, run_cli
 from lab_support import LabHandle
-from sglang_support import LAYOUT, ML_VENV
+from sglang_support import LAYOUT, ML_VENV, generate
 
 pytestmark = pytest.mark.lab
 
@@ -200,7 +200,7 @@ def fake_services(sglang_lab: LabHandle) -> Iterator[Callable[[str, list[str]], 
 
 
 @pytest.fixture
-def service_inventory(fake_services: Callable[[str, list[str]], int],
+def service_inventory(fake_services: Callable[[str, list[str]], int], sglang_lab: LabHandle,
                       lab_inventory: Callable[..., str]) -> str:
     ports = {
         "lab1": fake_services("lab1", ["--spec-algorithm", "DDTREE", "--accept-length", "3.2"]),
@@ -208,6 +208,9 @@ def service_inventory(fake_services: Callable[[str, list[str]], int],
                                        "--accept-length", "2.1"]),
         "lab3": fake_services("lab3", ["--health-status", "503"]),
     }
+    # SGLang reports an acceptance length only once it has served: one generation each
+    generate(ports["lab1"], 32, host=sglang_lab.addresses["lab1"])
+    generate(ports["lab2"], 21, host=sglang_lab.addresses["lab2"])
     return lab_inventory({h: {"service_port": p, "venv": ML_VENV} for h, p in ports.items()})
 
 

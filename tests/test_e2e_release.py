@@ -54,7 +54,11 @@ def test_deploy_ddtree_then_roll_back(release_free_lab: LabHandle, capsys: pytes
         assert hosts[host]["status"] == "ok"
         assert hosts[host]["value"]["outcome"] == "deployed"
         assert hosts[host]["value"]["previous"] == plain
-        assert [g["ok"] for g in hosts[host]["value"]["gates"]] == [True, True, True]
+        gates = hosts[host]["value"]["gates"]
+        assert [(g["name"], g["ok"]) for g in gates] == [
+            ("GET /health", True), ("symbol SpeculativeAlgorithm.DDTREE present", True), ("warm-up", True),
+            ("/server_info internal_states.0.avg_spec_accept_length >= 3", True), (f"canary vs {plain}", True)]
+        assert gates[2]["numbers"]["accept_length"] == 3.2  # measured by the warm-up, as SGLang reports it
     assert hosts["lab2"]["status"] == "failed"
     assert hosts["lab2"]["reason"] == (f"release {ddtree} needs sglang==0.5.23, /root/ml-env has 0.5.9; "
                                        "nothing changed")

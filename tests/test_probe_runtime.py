@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from cli_support import run_cli
+from sglang_support import generate
 
 from fleetctl.inventory import load_inventory
 from fleetctl.probes import http as http_core
@@ -143,14 +144,19 @@ def venv_inventory(tmp_path: Path, probe_venv: SimpleNamespace) -> Path:
 # -- remote modules are what the hosts can run -----------------------------------------------
 
 @pytest.mark.parametrize("path", [REMOTE / "importprobe.py", REMOTE / "http_get.py", REMOTE / "userscript.py",
-                                  FAKE_SGLANG, *sorted(EXAMPLES.glob("*.py"))], ids=lambda p: p.name)
+                                  REMOTE / "launch_args.py", REMOTE / "warmup.py", FAKE_SGLANG,
+                                  *sorted(EXAMPLES.glob("*.py"))], ids=lambda p: p.name)
 def test_host_side_code_is_python38_stdlib(path: Path) -> None:
+    # The launch-args check and the stand-in import the venv's own sglang parser, and say so when
+    # it does not import (a --no-deps venv): nothing else outside the stdlib.
+    allowed = {"sglang"} if path.name in ("launch_args.py", "fake_sglang.py") else set()
     tree = ast.parse(path.read_text(), feature_version=(3, 8))
     for node in ast.walk(tree):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
             [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         for name in names:
-            assert name.split(".")[0] in sys.stdlib_module_names or name == "__future__", name
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or top in allowed or name == "__future__", name
 
 
 # -- import ---------------------------------------------------------------------------------
@@ -339,6 +345,10 @@ def http_get(port: int, path: str, **extra: Any) -> http_core.HttpAnswer:
 
 def test_http_server_info_json_and_fields(fake_sglang: Callable[..., int]) -> None:
     port = fake_sglang("--spec-algorithm", "DDTREE", "--accept-length", "3.2", "--version", "0.5.23")
+    fresh = http_get(port, "/server_info", fields=["internal_states.0.avg_spec_accept_length"])
+    # as SGLang: no acceptance length until a speculative decode step has run
+    assert fresh.missing_fields == ("internal_states.0.avg_spec_accept_length",)
+    generate(port, 32)
     a = http_get(port, "/server_info", fields=["version", "internal_states.0.avg_spec_accept_length",
                                                 "internal_states.-1.avg_spec_accept_length", "nope.x",
                                                 "internal_states.5"])
@@ -364,7 +374,7 @@ def test_http_falls_back_to_old_endpoint_names(fake_sglang: Callable[..., int]) 
 
 
 def test_http_health_starts_503_then_200_and_text_bodies(fake_sglang: Callable[..., int]) -> None:
-    port = fake_sglang("--start-delay", "1.5")
+    port = fake_sglang("--start-delay", "1.5", "--enable-metrics")
     assert http_get(port, "/health").status == 503
     time.sleep(1.7)
     assert http_get(port, "/health").status == 200
@@ -375,6 +385,20 @@ def test_http_health_starts_503_then_200_and_text_bodies(fake_sglang: Callable[.
     assert http_get(port, "/v1/models").body["data"][0]["owned_by"] == "sglang"
     sick = fake_sglang("--health-status", "503")
     assert http_get(sick, "/health").status == 503
+    assert http_get(sick, "/metrics").status == 404  # SGLang serves /metrics only with --enable-metrics
+
+
+def test_stand_in_generations_carry_sglangs_per_request_numbers(fake_sglang: Callable[..., int]) -> None:
+    port = fake_sglang("--spec-algorithm", "DDTREE", "--accept-length", "2.5", "--decode-tps", "200")
+    start = time.monotonic()
+    meta = generate(port, 50)["meta_info"]
+    took = time.monotonic() - start
+    assert (meta["completion_tokens"], meta["spec_verify_ct"], meta["spec_accept_length"]) == (50, 20, 2.5)
+    assert 0.25 <= meta["e2e_latency"] <= took  # 50 tokens at 200 tok/s
+    openai = generate(port, 10, "/v1/completions")
+    assert openai["object"] == "text_completion" and openai["usage"]["completion_tokens"] == 10
+    plain = fake_sglang()  # no speculative decoding: no spec stats
+    assert "spec_verify_ct" not in generate(plain, 8)["meta_info"]
 
 
 def test_http_refused_and_timeout_are_answers() -> None:
@@ -448,6 +472,7 @@ def test_check_status_names_hosts_and_skips_failed_ones() -> None:
 def test_cli_http_per_host_ports_and_expect_status(tmp_path: Path, fake_sglang: Callable[..., int],
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     good = fake_sglang("--spec-algorithm", "DFLASH", "--accept-length", "2.5")
+    generate(good, 25)
     sick = fake_sglang("--health-status", "503", "--old-api")
     inv = str(local_inventory(tmp_path, {"good": {"service_port": good}, "sick": {"service_port": sick}}))
     r = run_cli(capsys, "-i", inv, "probe", "http", "/health", "--expect-status", "200")
@@ -577,6 +602,7 @@ def test_cli_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_example_scripts_against_fake_sglang_and_real_sglang_layout(
         tmp_path: Path, fake_sglang: Callable[..., int], capsys: pytest.CaptureFixture[str]) -> None:
     port = fake_sglang("--spec-algorithm", "DDTREE", "--accept-length", "3.4", "--old-api")
+    generate(port, 34)  # a fresh server has no acceptance length yet
     doc = run_userscript((EXAMPLES / "spec_accept_len.py").read_text(), args={"port": str(port)})
     assert doc["rc"] == 0, doc["stderr"]
     assert json.loads(doc["stdout"]) == {

@@ -74,6 +74,7 @@ def test_bad_service_rolled_back_within_the_gate_timeout(deployed_lab: LabHandle
         health:
           timeout: 3
           interval: 0.2
+          warmup: {{requests: 1, max_tokens: 30}}
           thresholds: [{{field: internal_states.0.avg_spec_accept_length, min: 2}}]
         """, base=BASE)
     before = {h: release_state(deployed_lab, h)["current"] for h in ("lab1", "lab3")}
@@ -93,6 +94,68 @@ def test_bad_service_rolled_back_within_the_gate_timeout(deployed_lab: LabHandle
     st = run_cli(capsys, "-i", str(deployed_lab.inventory_path), "-l", "lab1", "status", "--json")
     assert st.json()["hosts"]["lab1"]["value"]["current"] == before["lab1"]
     assert st.json()["hosts"]["lab1"]["value"]["health"] == "200"
+
+
+def test_an_accept_length_gate_needs_the_warm_up(deployed_lab: LabHandle, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A freshly started server reports no acceptance length until it has served a speculative
+    step, as SGLang: the threshold fails without a warm-up, and passes after one."""
+    body = """\
+        service:
+          standin: true
+          args: [--speculative-algorithm, DFLASH, --standin-accept-length, '3.2']
+        health:
+          timeout: 10
+          interval: 0.2
+          {warmup}
+          thresholds: [{{field: internal_states.0.avg_spec_accept_length, min: 3}}]
+        """
+    inv = str(deployed_lab.inventory_path)
+    before = release_state(deployed_lab, "lab1")["current"]
+    cold = write_spec(tmp_path, "cold", body.format(warmup=""), base=BASE)
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(cold), "--json")
+    assert r.rc == 2, r.out + r.err
+    assert r.json()["hosts"]["lab1"]["value"]["gates"][-1]["detail"] == (
+        "internal_states.0.avg_spec_accept_length not found or not a number in /server_info")
+    assert release_state(deployed_lab, "lab1")["current"] == before
+    warm = write_spec(tmp_path, "warm", body.format(warmup="warmup: {requests: 2, max_tokens: 32}"), base=BASE)
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(warm), "--json")
+    assert r.rc == 0, r.out + r.err
+    gates = {g["name"]: g for g in r.json()["hosts"]["lab1"]["value"]["gates"]}
+    assert gates["warm-up"]["detail"].startswith("2 requests, 64 tokens: accept length 3.20")
+    assert gates["/server_info internal_states.0.avg_spec_accept_length >= 3"]["detail"].endswith("= 3.2")
+    assert served_release(deployed_lab, "lab1") == load_spec(warm).release_id
+
+
+def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_numbers(
+        deployed_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = """\
+        service:
+          standin: true
+          args: [--speculative-algorithm, DFLASH, --standin-decode-tps, '{tps}']
+        health:
+          timeout: 10
+          interval: 0.2
+          warmup: {{requests: 2, max_tokens: 40}}
+          canary: {{max_regression_percent: 10}}
+        """
+    inv = str(deployed_lab.inventory_path)
+    fast = write_spec(tmp_path, "fast", body.format(tps=400), base=BASE)
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(fast)).rc == 0
+    fast_id = load_spec(fast).release_id
+    slow = write_spec(tmp_path, "slow", body.format(tps=100), base=BASE)  # the stand-in made slow on purpose
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(slow), "--json")
+    assert r.rc == 2, r.out + r.err
+    lab1 = r.json()["hosts"]["lab1"]
+    canary = lab1["value"]["gates"][-1]
+    assert canary["name"] == f"canary vs {fast_id}" and not canary["ok"]
+    now, before = canary["numbers"]["now"]["decode_tps"], canary["numbers"]["before"]["decode_tps"]
+    assert now < 110 and before > 300  # both measured, through the real HTTP path
+    assert f"decode tok/s {now:g} is" in canary["detail"] and f"below {fast_id}'s {before:g}" in canary["detail"]
+    assert lab1["reason"].startswith(f"health gate failed: canary vs {fast_id}: decode tok/s")
+    assert lab1["reason"].endswith(f"rolled back to {fast_id}")
+    assert served_release(deployed_lab, "lab1") == fast_id
+    assert_whole(deployed_lab, "lab1", fast_id, base=BASE)
 
 
 def test_disk_full_during_the_build_fails_cleanly(deployed_lab: LabHandle, tmp_path: Path,

@@ -83,6 +83,9 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
                     out.print(render.cell(f"--- {path}"), style="bold")
                     out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
     print_broken_locks(results)
+    for name, res in results.items():
+        if res.value is not None and res.value.note:
+            out.print(render.cell(f"{name}: {res.value.note}"))
     render.print_failures(results)
     out.print(render.summary_line(results))
 
@@ -136,16 +139,19 @@ def status(app: AppContext) -> int:
     if app.json:
         render.emit_json(render.results_json(results, lambda r: r.to_dict()))
     else:
-        rows = [[n, render.status_text(r), *(_status_cells(r.value) if r.value else ["", "", "", ""])]
+        rows = [[n, render.status_text(r), *(_status_cells(r.value) if r.value else ["", "", "", "", ""])]
                 for n, r in results.items()]
-        render.console().print(render.table(None, ["host", "status", "current", "previous", "service", "health"],
-                                            rows))
+        render.console().print(render.table(None, ["host", "status", "current", "previous", "service", "health",
+                                                  "warm-up"], rows))
         render.print_failures(results)
     return exit_code_for(results)
 
 
 def _status_cells(v: Any) -> list[str]:
-    return [v.current or "-", v.previous or "-", "running" if v.service.get("running") else "stopped", v.health]
+    from fleetctl.release.warmup import describe
+
+    return [v.current or "-", v.previous or "-", "running" if v.service.get("running") else "stopped", v.health,
+            describe(v.canary) if v.canary else "-"]
 
 
 @click.group()

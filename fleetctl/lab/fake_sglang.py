@@ -4,12 +4,18 @@ The lab has no GPU, so tests, demos and (later) the release flow launch this as 
 lab hosts to exercise health gates and probes. It answers the endpoints fleetctl reads, in the
 shapes SGLang uses (see shared/DOMAIN.md):
 
-  GET /health          503 during --start-delay, then --health-status (200 by default), empty body;
-                       with --health-hang it never answers (the connection stays open)
-  GET /server_info     server args, "version", "internal_states": [{"avg_spec_accept_length": x}]
+  GET /health          503 during --start-delay (the model loading), then --health-status (200 by
+                       default), empty body; with --health-hang it never answers
+  GET /server_info     server args, "version", "internal_states": [{...}]; with speculative decoding
+                       "avg_spec_accept_length" appears only once a generation has been served, as
+                       SGLang's scheduler reports it only after a speculative decode step
   GET /model_info      model_path, tokenizer_path, is_generation, ...
   GET /v1/models       OpenAI-style model list
-  GET /metrics         Prometheus text
+  GET /metrics         Prometheus text, only with --enable-metrics (404 otherwise, as SGLang)
+  POST /generate       {"text", "sampling_params": {"max_new_tokens"}} -> {"text", "meta_info": {
+                       "completion_tokens", "e2e_latency", "spec_verify_ct", "spec_accept_length"}},
+                       taking max_new_tokens / --decode-tps seconds (SGLang's own meta_info names)
+  POST /v1/completions OpenAI-style completion with "usage", the same timing
   anything else        404 {"detail": "Not Found"}, as FastAPI does
 
 With --old-api the info endpoints are only under their older names, /get_server_info and
@@ -19,16 +25,19 @@ Stdlib only, Python >= 3.8: it runs on the hosts. The command line below is a st
 (the release flow launches it); add options, never rename them:
 
   python3 fake_sglang.py --host H --port N [--version 0.5.23] [--spec-algorithm DDTREE]
-      [--accept-length 3.2] [--start-delay S] [--health-status 200|503] [--health-hang] [--old-api]
-      [--model-path M] [--tp N] [--verbose] [--release-dir DIR -- LAUNCH ARGS...]
+      [--accept-length 3.2] [--decode-tps 400] [--start-delay S] [--health-status 200|503]
+      [--health-hang] [--old-api] [--enable-metrics] [--model-path M] [--tp N] [--verbose]
+      [--release-dir DIR -- LAUNCH ARGS...]
 
 Release mode (``--release-dir``, how ``fleetctl deploy`` runs it on lab hosts, under the release's
-own venv python): the launch args after ``--`` are the release's SGLang arguments. The version
-is the installed sglang's, and ``--speculative-algorithm`` is checked against the members of
-``SpeculativeAlgorithm`` parsed (not imported) from the installed ``spec_info.py``: an algorithm
-that release does not have makes the stand-in exit at start, as SGLang's argument parser would.
-So the health gates test what was really deployed. For tests, the launch args may also carry
-``--standin-health-status 503``, ``--standin-accept-length X``, ``--standin-start-delay S`` and
+own venv python): the launch args after ``--`` are the release's SGLang arguments. Where the
+release's venv can import SGLang's own parser (``ServerArgs.add_cli_args``, a full environment),
+the args are parsed by it, so an unknown flag stops the stand-in exactly as it stops SGLang
+(``sglang serve: error: unrecognized arguments: ...``). Otherwise (a ``--no-deps`` venv)
+``--speculative-algorithm`` is checked against the members of ``SpeculativeAlgorithm`` parsed (not
+imported) from the installed ``spec_info.py``, and /server_info says which check ran. The version
+is the installed sglang's. For tests, the launch args may also carry ``--standin-health-status
+503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S`` and
 ``--standin-health-hang``.
 """
 
@@ -71,15 +80,65 @@ def server_args(opts: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def server_info(opts: argparse.Namespace) -> dict[str, Any]:
+class Served:
+    """What the server has generated so far: SGLang reports an acceptance length only after it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.tokens = 0
+        self.verify_steps = 0
+
+    def add(self, tokens: int, steps: int) -> None:
+        with self.lock:
+            self.requests += 1
+            self.tokens += tokens
+            self.verify_steps += steps
+
+    def accept_length(self) -> float | None:
+        with self.lock:
+            return self.tokens / self.verify_steps if self.verify_steps else None
+
+
+def server_info(opts: argparse.Namespace, served: Served) -> dict[str, Any]:
     info = server_args(opts)
-    states = {"memory_usage": {"weight": 33.1, "kvcache": 61.2}, "last_gen_throughput": 0.0}
-    if opts.spec_algorithm:
-        states["avg_spec_accept_length"] = opts.accept_length
+    states: dict[str, Any] = {"memory_usage": {"weight": 33.1, "kvcache": 61.2}, "last_gen_throughput": 0.0}
+    accept = served.accept_length()
+    if opts.spec_algorithm and accept is not None:
+        states["avg_spec_accept_length"] = round(accept, 4)
     info.update({"version": opts.version, "internal_states": [states], "max_total_num_tokens": 1048576})
     if getattr(opts, "standin", None):
         info["fleetctl_standin"] = opts.standin  # what the release-mode stand-in found installed
     return info
+
+
+def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], openai: bool) -> dict[str, Any]:
+    """One generation, shaped as SGLang answers it, taking as long as --decode-tps says."""
+    if openai:
+        tokens = int(body.get("max_tokens") or 16)
+        prompt = str(body.get("prompt") or "")
+    else:
+        tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 16)
+        prompt = str(body.get("text") or "")
+    tokens = max(1, min(tokens, 4096))
+    start = time.monotonic()
+    time.sleep(tokens / opts.decode_tps)
+    latency = time.monotonic() - start
+    text = " ".join(["token"] * tokens)
+    meta: dict[str, Any] = {"id": f"standin-{served.requests}", "finish_reason": {"type": "length", "length": tokens},
+                            "prompt_tokens": max(1, len(prompt.split())), "completion_tokens": tokens,
+                            "cached_tokens": 0, "e2e_latency": round(latency, 4)}
+    steps = tokens
+    if opts.spec_algorithm:
+        steps = max(1, round(tokens / opts.accept_length))
+        meta.update(spec_verify_ct=steps, spec_accept_length=round(tokens / steps, 4))
+    served.add(tokens, steps)
+    if not openai:
+        return {"text": text, "meta_info": meta}
+    return {"id": meta["id"], "object": "text_completion", "created": int(time.time()), "model": opts.model_path,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": tokens,
+                      "total_tokens": meta["prompt_tokens"] + tokens}, "meta_info": meta}
 
 
 def model_info(opts: argparse.Namespace) -> dict[str, Any]:
@@ -93,7 +152,7 @@ def models(opts: argparse.Namespace, started_at: float) -> dict[str, Any]:
                                         "owned_by": "sglang", "root": opts.model_path, "max_model_len": 262144}]}
 
 
-def metrics(opts: argparse.Namespace) -> str:
+def metrics(opts: argparse.Namespace, served: Served) -> str:
     label = f'{{model_name="{opts.model_path}"}}'
     lines = [
         "# HELP sglang:num_running_reqs The number of running requests.",
@@ -103,31 +162,32 @@ def metrics(opts: argparse.Namespace) -> str:
         "# TYPE sglang:gen_throughput gauge",
         f"sglang:gen_throughput{label} 0.0",
     ]
-    if opts.spec_algorithm:
+    accept = served.accept_length()
+    if opts.spec_algorithm and accept is not None:
         lines += ["# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.",
                   "# TYPE sglang:spec_accept_length gauge",
-                  f"sglang:spec_accept_length{label} {opts.accept_length}"]
+                  f"sglang:spec_accept_length{label} {accept:.4f}"]
     return "\n".join(lines) + "\n"
 
 
-def routes(opts: argparse.Namespace, started_at: float) -> dict[str, Route]:
-    """Path -> function returning (status, content type, body) for one request."""
+def routes(opts: argparse.Namespace, started_at: float, served: Served) -> dict[str, Route]:
+    """Path -> function returning (status, content type, body) for one GET."""
     def json_route(make: Callable[[], Any]) -> Route:
         return lambda: (200, "application/json", json.dumps(make()))
 
-    table = {
-        "/v1/models": json_route(lambda: models(opts, started_at)),
-        "/metrics": lambda: (200, PROMETHEUS, metrics(opts)),
-    }
+    table = {"/v1/models": json_route(lambda: models(opts, started_at))}
+    if opts.enable_metrics:  # SGLang serves /metrics only when started with --enable-metrics
+        table["/metrics"] = lambda: (200, PROMETHEUS, metrics(opts, served))
     prefix = "/get_" if opts.old_api else "/"
-    table[prefix + "server_info"] = json_route(lambda: server_info(opts))
+    table[prefix + "server_info"] = json_route(lambda: server_info(opts, served))
     table[prefix + "model_info"] = json_route(lambda: model_info(opts))
     return table
 
 
 def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
     started_at = time.time()
-    table = routes(opts, started_at)
+    served = Served()
+    table = routes(opts, started_at, served)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "fake-sglang/" + opts.version
@@ -145,6 +205,24 @@ def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 self.reply(*table[path]())
             else:
                 self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
+            if path not in ("/generate", "/v1/completions"):
+                self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
+                return
+            if time.time() - started_at < opts.start_delay or opts.health_status != 200:
+                self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
+                return
+            try:
+                body = json.loads(raw or b"{}")
+                answer = generate(opts, served, body if isinstance(body, dict) else {}, path == "/v1/completions")
+            except (ValueError, TypeError) as exc:
+                self.reply(400, "application/json", json.dumps({"detail": str(exc)}))
+                return
+            self.reply(200, "application/json", json.dumps(answer))
 
         def reply(self, status: int, content_type: str, body: str) -> None:
             data = body.encode("utf-8")
@@ -167,7 +245,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--version", default="0.5.23", help="reported as the SGLang version")
     p.add_argument("--spec-algorithm", default=None, help="e.g. DFLASH or DDTREE (none by default)")
-    p.add_argument("--accept-length", type=float, default=3.2, help="avg_spec_accept_length reported")
+    p.add_argument("--accept-length", type=float, default=3.2, help="tokens accepted per verify step")
+    p.add_argument("--decode-tps", type=float, default=400.0, help="decode tokens per second of one request")
+    p.add_argument("--enable-metrics", action="store_true", help="serve /metrics (as SGLang's flag)")
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds /health answers 503 after start")
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
     p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
@@ -202,11 +282,15 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     p.add_argument("--model-path", default=opts.model_path)
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=opts.tp)
     p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--enable-metrics", action="store_true", default=opts.enable_metrics)
     p.add_argument("--standin-health-status", type=int, default=opts.health_status)
     p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
+    p.add_argument("--standin-decode-tps", type=float, default=opts.decode_tps)
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
-    args, _unknown = p.parse_known_args(launch)
+    args, _ = p.parse_known_args(launch)
+    # SGLang's own flags are everything but the stand-in's: check them as the server would.
+    checked_by = sglang_parser_check(without_standin(launch))
     spec = importlib.util.find_spec("sglang")
     folder = list(spec.submodule_search_locations or [])[0] if spec else None
     algorithms: list[str] = []
@@ -224,9 +308,38 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
+    opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
-                    "launch_args": launch, "python": sys.executable}
+                    "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
     return opts
+
+
+def without_standin(launch: list[str]) -> list[str]:
+    """The launch args without the stand-in's own ``--standin-*`` flags and their values."""
+    kept: list[str] = []
+    skip = False
+    for arg in launch:
+        if skip:
+            skip = False
+        elif arg.startswith("--standin-"):
+            skip = "=" not in arg and arg != "--standin-health-hang"
+        else:
+            kept.append(arg)
+    return kept
+
+
+def sglang_parser_check(argv: list[str]) -> str:
+    """Parse ``argv`` with the installed SGLang's own parser when it imports here: a rejection
+    ends the stand-in with SGLang's message and exit code 2, as the server would end. Says which
+    check ran."""
+    try:
+        from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+    except BaseException as exc:  # a --no-deps venv: no torch, no numpy
+        return f"spec_info.py only (sglang's parser does not import here: {type(exc).__name__})"
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(argv)  # exits 2 with "sglang serve: error: ..." on a flag SGLang does not know
+    return "sglang.srt.server_args.ServerArgs.add_cli_args"
 
 
 def main(argv: list[str] | None = None) -> int:

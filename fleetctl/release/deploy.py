@@ -25,6 +25,7 @@ from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import patches as patchlib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
+from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
 from fleetctl.release.service import (
     STANDIN,
     STANDIN_NAME,
@@ -61,6 +62,12 @@ class DeployResult:
     pruned: list[str] = field(default_factory=list)
     broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
     restart_error: str | None = None  # the restart after the switch failed (then switched back)
+    launch: LaunchCheck | None = None  # the launch args as SGLang's own parser judged them
+
+    @property
+    def note(self) -> str:
+        """What the operator must see even when it went well (launch args not validated)."""
+        return self.launch.detail if self.launch is not None and not self.launch.validated else ""
 
     @property
     def ok(self) -> bool:
@@ -70,7 +77,8 @@ class DeployResult:
         return next((g for g in self.gates if not g.ok), None)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("gates", "rollback_gates")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("gates", "rollback_gates", "launch")}
+        out["launch"] = self.launch.to_dict() if self.launch else None
         out["gates"] = [g.to_dict() for g in self.gates]
         out["rollback_gates"] = [g.to_dict() for g in self.rollback_gates]
         return out
@@ -158,17 +166,20 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
         kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
             result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars))
+            result.launch = launch_args_fit(session, spec, layout, base_venv, patched_overlay(base["site"], files))
             return result
         unchanged = state.get("current") == spec.release_id and service_running(session, layout)
         if not unchanged:
             result.build = build(session, spec, layout, base, files, kernels)  # service.env: real values, 0600
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{spec.release_id}/venv")
             switch(session, layout, spec.release_id, "deploy", holder)
             result.restart_error = restart(session, layout)
             if result.restart_error:  # not serving the new release: back, exactly as a failed gate
                 return roll_back_after_failure(session, spec, layout, result, holder)
         # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
         # switched but never checked; running again checks it, and rolls back if it is bad.
-        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1])
+        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], spec.release_id,
+                                 None if unchanged else previous)
         if all(g.ok for g in result.gates):
             result.outcome = "unchanged" if unchanged else "deployed"
             if unchanged:
@@ -177,6 +188,16 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
                                                           "keep": spec.model.keep_releases})["removed"]
             return result
         return roll_back_after_failure(session, spec, layout, result, holder)
+
+
+def launch_args_fit(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
+                    overlay: dict[str, str] | None = None) -> LaunchCheck:
+    """SGLang's own parser on the release's args, in ``venv``; a rejection refuses the release
+    before anything switches (``current`` is untouched)."""
+    found = check_launch_args(session, spec, layout, venv, overlay)
+    if found.refused:
+        raise ReleaseRefused(session.name, f"{found.detail}; nothing switched")
+    return found
 
 
 def base_venv_path(spec: ReleaseSpec, layout: HostLayout) -> str:

@@ -1,18 +1,22 @@
 """Health gates: what must hold after a switch and restart before a release counts as deployed.
 
 In order: ``/health`` answers 200 within the timeout (the service still running), then the
-release's probes (reusing the probe commands' core), then thresholds on ``/server_info``
-fields. The first failure stops the gates; the caller rolls back.
+release's probes (reusing the probe commands' core), then the warm-up (generations, measured:
+``release/warmup.py``), then thresholds on ``/server_info`` fields (read after the warm-up, as a
+fresh server reports no acceptance length before it has served), then the canary analysis against
+the release that ran before on this host. The first failure stops the gates; the caller rolls back.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fleetctl.probes.http import HttpRequest, field_value, probe_http
 from fleetctl.probes.imports import ImportRequest, probe_import
 from fleetctl.probes.symbols import SymbolRequest, symbol_host
+from fleetctl.release import warmup
 from fleetctl.release.service import HostLayout, control
 from fleetctl.release.spec import Health
 from fleetctl.transport.base import HostSession
@@ -24,13 +28,16 @@ class GateResult:
     ok: bool
     detail: str
     seconds: float = 0.0
+    numbers: dict[str, Any] | None = None  # what a warm-up or canary gate measured
 
     def to_dict(self) -> dict[str, object]:
         return self.__dict__.copy()
 
 
-def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int) -> list[GateResult]:
-    """Every gate in order until one fails; the list says what passed and what did not."""
+def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
+              release_id: str | None = None, previous: str | None = None) -> list[GateResult]:
+    """Every gate in order until one fails; the list says what passed and what did not. With a
+    warm-up, its measurement is kept with ``release_id`` on the host (the next canary's baseline)."""
     results = [wait_healthy(session, health, layout, port)]
     if not results[-1].ok:
         return results
@@ -39,10 +46,24 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         results.append(probe_gate(session, gate.symbol, gate.import_, gate.package, gate.expect, venv))
         if not results[-1].ok:
             return results
+    measured: dict[str, Any] | None = None
+    if health.warmup is not None:
+        start = time.monotonic()
+        ok, detail, measured = warmup.warm_up(session, health.warmup, port)
+        results.append(GateResult("warm-up", ok, detail, time.monotonic() - start, measured))
+        if release_id:
+            warmup.save(session, layout, release_id, measured)
+        if not ok:
+            return results
     for threshold in health.thresholds:
         results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port))
         if not results[-1].ok:
             return results
+    if health.canary is not None and measured is not None:
+        before = warmup.load(session, layout, previous)
+        ok, detail = warmup.judge(health.canary, measured, before, previous)
+        results.append(GateResult(f"canary vs {previous or 'nothing before'}", ok, detail, 0.0,
+                                  {"now": measured, "before": before}))
     return results
 
 

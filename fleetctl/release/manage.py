@@ -67,6 +67,7 @@ class HostStatus:
     releases: list[str]
     service: dict[str, Any]
     health: str
+    canary: dict[str, Any] | None = None  # the current release's warm-up numbers on this host
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -87,5 +88,7 @@ def status_host(session: HostSession, state: dict[str, Any] | None = None) -> Ho
                                                  port=int(stored.get("port") or 30000), timeout=5))
         health = str(answer.status) if answer.status else str(answer.error_kind)
     service.pop("log_tail", None)
+    from fleetctl.release import warmup
+
     return HostStatus(session.name, state.get("current"), state.get("previous"), [r["id"] for r in state["releases"]],
-                      service, health)
+                      service, health, warmup.load(session, layout, state.get("current")))

@@ -111,12 +111,40 @@ class Threshold(_Strict):
     max: float | None = None
 
 
+class Warmup(_Strict):
+    """Generations sent once /health is 200, before the thresholds are read: a fresh SGLang has no
+    acceptance length until it has served a speculative decode step."""
+
+    requests: int = Field(default=3, ge=1, le=100)
+    max_tokens: int = Field(default=64, ge=1, le=4096)
+    prompt: str = "Explain speculative decoding in one paragraph."
+    path: str = "/generate"
+    timeout: float = Field(default=120.0, gt=0)
+
+
+class Canary(_Strict):
+    """Canary analysis on the warm-up's numbers: no worse than ``max_regression_percent`` below
+    the release that ran before on this host, and above the absolute floors."""
+
+    max_regression_percent: float | None = Field(default=None, ge=0, le=100)
+    min_accept_length: float | None = Field(default=None, ge=0)
+    min_decode_tps: float | None = Field(default=None, ge=0)
+
+
 class Health(_Strict):
     path: str = "/health"
     timeout: float = Field(default=300.0, gt=0)
     interval: float = Field(default=1.0, gt=0)
     probes: list[ProbeGate] = Field(default_factory=list)
+    warmup: Warmup | None = None
     thresholds: list[Threshold] = Field(default_factory=list)
+    canary: Canary | None = None
+
+    @model_validator(mode="after")
+    def _canary_measures(self) -> Health:
+        if self.canary is not None and self.warmup is None:
+            raise ValueError("canary compares the warm-up's numbers: give health.warmup too")
+        return self
 
 
 class Kernels(_Strict):

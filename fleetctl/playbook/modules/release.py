@@ -54,7 +54,9 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
         return TaskResult(msg=f"{spec.release_id} already current and running", data=data,
                           release=spec.release_id)
     if result.outcome == "deployed":
-        return TaskResult(changed=True, msg=f"deployed {spec.release_id} (was {result.previous or 'none'})",
+        measured = [f"{g.name}: {g.detail}" for g in result.gates if g.numbers is not None]
+        extra = "".join(f"; {m}" for m in [*measured, result.note] if m)
+        return TaskResult(changed=True, msg=f"deployed {spec.release_id} (was {result.previous or 'none'}){extra}",
                           data=data, release=spec.release_id)
     gate = result.failed_gate()
     why = f"health gate failed: {gate.name}: {gate.detail}" if gate else result.outcome

@@ -1,0 +1,62 @@
+"""Launch arguments checked by the installed SGLang itself, before anything switches.
+
+Each host parses the release's server arguments (the spec's ``service.args`` plus the host and
+port fleetctl adds) with SGLang's own parser, in the venv that will serve them: the built
+release's venv on a deploy, the base venv with the patched files read from memory in ``--check``
+(so a flag a patch adds is known there too). A rejection is SGLang's own line. Where SGLang
+cannot be imported (a ``--no-deps`` venv without torch), the result says so: "launch args not
+validated: <why>", never a silent pass. The stand-in's own ``--standin-*`` flags are not SGLang's
+and are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetctl.release.service import HostLayout, listen
+from fleetctl.release.spec import ReleaseSpec
+from fleetctl.transport.base import HostSession
+
+TIMEOUT_S = 600.0  # importing sglang imports torch: ~11 s on a 2-core machine, more on a busy one
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    validated: bool
+    ok: bool
+    detail: str  # SGLang's rejection, or why nothing was validated, or what accepted them
+
+    @property
+    def refused(self) -> bool:
+        return self.validated and not self.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def server_argv(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
+    """What SGLang's parser sees: the spec's args without the stand-in's, plus --host/--port."""
+    from fleetctl.lab.fake_sglang import without_standin  # the stand-in owns its flags' syntax
+
+    kept = without_standin(list(spec.model.service.args))
+    host, port = listen(spec, layout)
+    return kept if {"--host", "--port"} & set(kept) else [*kept, "--host", host, "--port", str(port)]
+
+
+def check_launch_args(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
+                      overlay: dict[str, str] | None = None) -> LaunchCheck:
+    answer = session.call("launch_args", {"argv": server_argv(spec, layout), "overlay": overlay or {}},
+                          python=f"{venv}/bin/python", timeout=TIMEOUT_S)
+    if not answer.get("validated"):
+        return LaunchCheck(False, True, f"launch args not validated: {answer.get('why', 'unknown')}")
+    if answer.get("ok"):
+        return LaunchCheck(True, True, f"accepted by sglang {answer.get('sglang', '?')}'s parser "
+                                       f"({answer.get('seconds', 0):g}s)")
+    return LaunchCheck(True, False, f"sglang {answer.get('sglang', '?')} rejects the launch args: "
+                                    f"{answer.get('error', '')}")
+
+
+def patched_overlay(site: str, files: dict[str, Any]) -> dict[str, str]:
+    """The patched (or added) Python files as the venv will hold them, by absolute path."""
+    return {f"{site}/{path}": text for path, text in files.items() if text is not None and path.endswith(".py")}

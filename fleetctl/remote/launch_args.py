@@ -1,0 +1,94 @@
+# Host side of launch-argument validation: parse a release's SGLang arguments with the installed
+# SGLang's own parser, in the venv that will serve them. Stdlib only, Python >= 3.8; runs as a child
+# under that venv's python (it imports the venv's sglang).
+#
+# params: argv (the server's arguments), overlay ({absolute .py path: source}, optional: patched
+#         files read from memory instead of disk, so check mode validates what the release WILL
+#         hold without writing it).
+# answer: {"validated": true, "ok": bool, "error": "sglang serve: error: ...", "sglang": version,
+#          "parser": "sglang.srt.server_args.ServerArgs.add_cli_args", "seconds": s}
+#       | {"validated": false, "why": "..."}   (sglang's parser cannot be imported here)
+#
+# Only the parser runs (ServerArgs.add_cli_args + parse_args, what prepare_server_args starts
+# with): unknown flags, bad choices and bad types are rejected exactly as the server rejects them,
+# without the checks that need a GPU or the model's files.
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import os
+import sys
+import time
+
+
+class OverlayLoader(importlib.abc.SourceLoader):
+    def __init__(self, path, text):
+        self.path = path
+        self.text = text
+
+    def get_filename(self, fullname):
+        return self.path
+
+    def get_data(self, path):
+        if path == self.path:
+            return self.text.encode("utf-8")
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    def path_stats(self, path):  # no bytecode cache for patched text
+        raise OSError("overlay")
+
+
+class OverlayFinder(importlib.abc.MetaPathFinder):
+    """Modules whose file is in ``files`` are loaded from that text (patched or added files)."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def find_spec(self, fullname, path=None, target=None):
+        name = fullname.rpartition(".")[2]
+        for entry in (path if path is not None else sys.path):
+            for candidate, package in ((os.path.join(entry, name + ".py"), False),
+                                       (os.path.join(entry, name, "__init__.py"), True)):
+                if candidate in self.files:
+                    loader = OverlayLoader(candidate, self.files[candidate])
+                    spec = importlib.util.spec_from_file_location(
+                        fullname, candidate, loader=loader,
+                        submodule_search_locations=[os.path.dirname(candidate)] if package else None)
+                    return spec
+        return None
+
+
+def main(params):
+    argv = [str(a) for a in params.get("argv") or []]
+    overlay = params.get("overlay") or {}
+    if overlay:
+        sys.meta_path.insert(0, OverlayFinder(overlay))
+    start = time.monotonic()
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except BaseException as exc:  # ImportError, or a dependency that fails at import (no torch, ...)
+        return {"validated": False, "why": "sglang.srt.server_args cannot be imported in %s: %s: %s"
+                % (sys.prefix, type(exc).__name__, str(exc).strip().splitlines()[0][:300] if str(exc) else "")}
+    version = ""
+    try:
+        from importlib import metadata
+        version = metadata.version("sglang")
+    except Exception:
+        pass
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    err = io.StringIO()
+    saved, sys.stderr = sys.stderr, err
+    try:
+        parser.parse_args(argv)
+        ok, error = True, ""
+    except SystemExit:
+        ok = False
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        error = lines[-1] if lines else "rejected"
+    finally:
+        sys.stderr = saved
+    return {"validated": True, "ok": ok, "error": error, "sglang": version,
+            "parser": "sglang.srt.server_args.ServerArgs.add_cli_args", "seconds": round(time.monotonic() - start, 2)}
