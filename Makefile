@@ -5,7 +5,14 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: help deps sshd chromium demo test lint typecheck pytest bench lab-down clean
+# The full SGLang 0.5.23 environment (207 wheels, 4.3 GB) for the tests that run on it: one cache
+# per machine, outside the checkout, where the lab hosts can see it; each wheel checked against
+# the lock's sha256 (a second fetch reads nothing: the verdicts are kept beside the wheels).
+FULL_LOCK   := playbooks/files/locks/sglang-0.5.23-full.lock
+FULL_WHEELS ?= /var/cache/fleetctl-wheels/sglang-0.5.23
+export FLEETCTL_FULL_WHEELS := $(FULL_WHEELS)
+
+.PHONY: help deps sshd chromium wheels demo test lint typecheck pytest bench lab-down clean
 
 help:
 	@echo "make demo   - start the lab fleet and run the main job on it"
@@ -46,7 +53,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: deps chromium
+wheels:
+	$(PY) scripts/wheelhouse.py fetch $(FULL_LOCK) $(FULL_WHEELS)
+
+pytest: deps chromium wheels
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

@@ -42,9 +42,10 @@ class Kind(StrEnum):
     STACK = "stack"  # interpreter, ABI, driver, CUDA differ from the baseline
     PATCHED = "patched"  # changed by a fleetctl release, as recorded: information, not drift
     OVERLAY = "overlay"  # brought in by `fleetctl venv overlay` (its origin): information, not drift
+    SHARED = "shared-file"  # listed by several RECORDs, one owner's copy installed: information, not drift
 
 
-INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY})
+INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY, Kind.SHARED})
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ def stack_findings(inv: HostInventory, base: Baseline) -> list[Finding]:
 
 
 FILE_KINDS = {"modified": Kind.MODIFIED, "missing": Kind.MISSING_FILE, "orphans": Kind.ORPHAN,
-              "foreign_shebangs": Kind.FOREIGN_SHEBANG, "patched": Kind.PATCHED}
+              "foreign_shebangs": Kind.FOREIGN_SHEBANG, "patched": Kind.PATCHED, "shared": Kind.SHARED}
 
 
 def file_findings(inv: HostInventory) -> list[Finding]:
@@ -296,6 +297,9 @@ def file_findings(inv: HostInventory) -> list[Finding]:
                 detail += f" (listed only by the shadowed {item['left_by']})"
             elif kind is Kind.PATCHED:
                 detail += f" patched by release {item['release']}"
+            elif kind is Kind.SHARED:
+                owners = [o for o in item.get("owners", []) if o != item["installed"]] + [item["installed"]]
+                detail += f" shared by {' and '.join(owners)}; {item['installed']}'s copy is installed"
             out.append(Finding(inv.host, kind, item["dist"], item.get("sha256"), None, detail))
     return out
 
@@ -327,7 +331,7 @@ class DriftReport:
                             (Kind.ORPHAN, "orphan files"), (Kind.DUPLICATE, "duplicate dist-info"),
                             (Kind.UNSATISFIED, "unsatisfied requirements"), (Kind.STACK, "stack differences"),
                             (Kind.FOREIGN_SHEBANG, "foreign shebangs"), (Kind.PATCHED, "files patched by releases"),
-                            (Kind.OVERLAY, "packages from overlays")):
+                            (Kind.OVERLAY, "packages from overlays"), (Kind.SHARED, "shared files")):
             if n := self.count(kind):
                 parts.append(f"{n} {label}")
         line = f"{len(self.drifting_hosts)} of {total} hosts drift: " + ", ".join(parts)

@@ -37,7 +37,12 @@ def overlays_dir(host_vars: Mapping[str, object]) -> str:
 
 
 def wheelhouse_dir(host_vars: Mapping[str, object]) -> str:
-    """Where `venv create --wheelhouse` uploads wheels."""
+    """Where `venv create --wheelhouse` keeps wheels on the host: host var ``fleetctl_wheelhouse``
+    (a folder that may already hold them, e.g. a cache shared by the machine's checkouts: a wheel
+    found there with the right hash is not uploaded), else ``fleetctl_state_dir``/wheelhouse."""
+    chosen = host_vars.get("fleetctl_wheelhouse")
+    if chosen:
+        return str(chosen).rstrip("/")
     return f"{state_dir(host_vars)}/wheelhouse"
 
 

@@ -5,6 +5,7 @@ Shared by ``drift --lock`` (the baseline) and ``venv create --lock`` (what to in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +24,23 @@ class Pin:
     version: str
     line: int
     text: str
+    hashes: tuple[str, ...] = ()  # "sha256:HEX" from pip's hash-checking form (--hash=sha256:HEX)
+
+
+HASH_OPTION = re.compile(r"\s--hash[=\s](\w+:[0-9a-fA-F]+)")
+
+
+def split_hashes(text: str) -> tuple[str, tuple[str, ...]]:
+    """``name==1.0 --hash=sha256:ab --hash=sha256:cd`` -> (``name==1.0``, (``sha256:ab``, ``sha256:cd``))."""
+    found = tuple(h.lower() for h in HASH_OPTION.findall(" " + text))
+    return (HASH_OPTION.sub("", " " + text).strip(), found) if found else (text, ())
 
 
 def requirement_lines(path: Path, what: str) -> list[tuple[int, str, Requirement]]:
     """(line number, text, Requirement) of every requirement line; comments and blank lines
-    skipped; options (-e, -r, --index-url) refused: one error naming file:line."""
+    skipped; a line's ``--hash=`` options (pip's hash-checking form) are kept in the text but not
+    parsed as the requirement; other options (-e, -r, --index-url) refused: one error naming
+    file:line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -40,7 +53,7 @@ def requirement_lines(path: Path, what: str) -> list[tuple[int, str, Requirement
         if text.startswith("-"):
             raise InputError(f"{path}:{number}: options like {text.split()[0]!r} are not supported in a {what}")
         try:
-            out.append((number, text, Requirement(text)))
+            out.append((number, text, Requirement(split_hashes(text)[0])))
         except InvalidRequirement as exc:
             raise InputError(f"{path}:{number}: not a requirement: {text!r} ({exc})") from None
     return out
@@ -61,4 +74,4 @@ def _pin(path: Path, number: int, text: str, req: Requirement) -> Pin:
     specs = list(req.specifier)
     if req.url or len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
         raise InputError(f"{path}:{number}: {text!r} is not an exact pin (expected name==version)")
-    return Pin(canonicalize_name(req.name), specs[0].version, number, text)
+    return Pin(canonicalize_name(req.name), specs[0].version, number, text, split_hashes(text)[1])

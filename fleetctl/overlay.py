@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import posixpath
-import re
 import shlex
 import struct
 import threading
@@ -43,8 +42,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fleetctl import hostpaths
+from fleetctl import hostpaths, overlay_abi
 from fleetctl.errors import HostError, InputError, RemoteOperationError
+from fleetctl.overlay_abi import Interpreter
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, HostSession, Status, Stream
 from fleetctl.transport.fleet import Fleet, HostContext
@@ -54,36 +54,6 @@ BEGIN, END = b"@@FLEETCTL-JSON-BEGIN@@", b"@@FLEETCTL-JSON-END@@"
 
 
 # --- what each side holds ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Interpreter:
-    version: str
-    implementation: str
-    soabi: str | None
-    platform: str
-    prefix: str
-    site: str
-
-    @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> Interpreter:
-        return cls(raw["version"], raw.get("implementation", "cpython"), raw.get("soabi"), raw["platform"],
-                   raw["prefix"], raw["site"])
-
-    @property
-    def minor(self) -> tuple[int, int]:
-        major, minor = self.version.split(".")[:2]
-        return int(major), int(minor)
-
-    @property
-    def abi_tag(self) -> str:
-        """``cpython-311-x86_64-linux-gnu`` -> ``cp311``."""
-        found = re.match(r"cpython-(\d+)", self.soabi or "")
-        return f"cp{found.group(1)}" if found else f"cp{self.minor[0]}{self.minor[1]}"
-
-    @property
-    def machine(self) -> str:
-        return self.platform.split("-", 1)[-1].replace("-", "_").replace(".", "_")
-
 
 @dataclass(frozen=True)
 class SourceFile:
@@ -182,46 +152,9 @@ class Refusal:
         return f"{self.name} {self.version}: " + "; ".join(self.reasons)
 
 
-def _interp_fits(interp: str, abi: str, target: Interpreter) -> bool:
-    major, minor = target.minor
-    found = re.fullmatch(r"(py|cp|pp)(\d)(\d*)", interp)
-    if not found:
-        return False
-    kind, want_major, want_minor = found.group(1), int(found.group(2)), int(found.group(3) or 0)
-    if want_major != major or (kind == "cp" and target.implementation != "cpython"):
-        return False
-    if kind == "py" or abi == "abi3":
-        return want_minor <= minor  # py38 / cp38-abi3: that version or newer
-    return want_minor == minor
-
-
-def _platform_fits(plat: str, target: Interpreter) -> bool:
-    if plat == "any":
-        return True
-    system = target.platform.split("-", 1)[0]
-    return plat.endswith("_" + target.machine) and (system != "linux" or "linux" in plat)
-
-
-def tag_fits(tag: str, target: Interpreter) -> bool:
-    """A WHEEL ``Tag`` (``cp311-cp311-manylinux_2_17_x86_64``, compressed sets allowed) fits."""
-    try:
-        interps, abis, plats = (part.split(".") for part in tag.split("-"))
-    except ValueError:
-        return True  # not a tag we understand: the extension check still runs
-    return any(
-        _interp_fits(i, a, target) and (a in ("none", "abi3") or a == target.abi_tag) and _platform_fits(p, target)
-        for i in interps for a in abis for p in plats
-    )
-
-
-def compat_reasons(dist: SourceDist, target: Interpreter) -> list[str]:
-    where = f"python {target.version} ({target.soabi or target.abi_tag}, {target.platform})"
-    reasons = []
-    if dist.tags and not any(tag_fits(t, target) for t in dist.tags):
-        reasons.append(f"WHEEL tag {', '.join(dist.tags)} does not fit {where}")
-    for abi, example in dist.extensions:
-        if abi and abi != "abi3" and abi != target.soabi:
-            reasons.append(f"{example} is built for {abi}, the target runs {where}")
+def compat_reasons(dist: SourceDist, target: Interpreter, source: Interpreter | None = None) -> list[str]:
+    """Why this distribution's files, working under ``source``, may not be written for ``target``."""
+    reasons = overlay_abi.compat_reasons(dist.tags, dist.extensions, source or target, target)
     if dist.outside:
         reasons.append(f"its RECORD names {len(dist.outside)} paths outside the venv (e.g. {dist.outside[0]}: "
                        "'..', absolute, or a symlink leaving it)")
@@ -231,7 +164,7 @@ def compat_reasons(dist: SourceDist, target: Interpreter) -> list[str]:
 def refusals(src: SourceListing, target: Interpreter) -> tuple[Refusal, ...]:
     found = []
     for dist in src.dists.values():
-        reasons = compat_reasons(dist, target)
+        reasons = compat_reasons(dist, target, src.interpreter)
         if reasons:
             found.append(Refusal(dist.name, dist.version, tuple(reasons)))
     return tuple(found)

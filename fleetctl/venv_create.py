@@ -74,12 +74,26 @@ def local_wheels(folder: Path, pins: dict[str, Pin] | None) -> tuple[Wheel, ...]
             name, version, _b, _t = parse_wheel_filename(path.name)
         except InvalidWheelFilename:
             continue
-        if pins is not None and not _same_version(pins.get(canonicalize_name(name)), str(version)):
+        pin = pins.get(canonicalize_name(name)) if pins is not None else None
+        if pins is not None and not _same_version(pin, str(version)):
             continue
-        found.append(Wheel(path.name, path, hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_size))
+        digest = file_sha256(path)
+        if pin is not None and pin.hashes and f"sha256:{digest}" not in pin.hashes:
+            raise InputError(f"--wheelhouse {folder}: {path.name} has sha256 {digest}, not the hash "
+                             f"line {pin.line} of the lock pins")
+        found.append(Wheel(path.name, path, digest, path.stat().st_size))
     if not found:
         raise InputError(f"--wheelhouse {folder}: no wheel" + (" of a pinned version" if pins else ""))
     return tuple(found)
+
+
+def file_sha256(path: Path) -> str:
+    """Streamed: a torch wheel is nearly 1 GB."""
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _same_version(pin: Pin | None, version: str) -> bool:

@@ -366,3 +366,47 @@ def test_a_kept_agent_rereads_a_record_that_changed(tmp_path: Path) -> None:
     no_memo: dict[str, object] = {"__name__": "child"}  # a one-off child process: no memo at all
     exec(compile(source, "distributions.py", "exec"), no_memo)
     assert no_memo["read_record"](str(record))[0] == changed[0]  # type: ignore[operator]
+
+
+def _shared_wheel(folder: Path, name: str, body: str) -> Path:
+    """A tiny real wheel installing its own package and a top-level build_backend.py."""
+    import base64
+    import hashlib
+    import zipfile
+    info = f"{name}-1.0.dist-info"
+    files = {f"{name}/__init__.py": "", "build_backend.py": body,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    rows = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+            f"{len(t.encode())}" for p, t in files.items()]
+    whl = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for p, t in files.items():
+            z.writestr(p, t)
+        z.writestr(f"{info}/RECORD", "\n".join([*rows, f"{info}/RECORD,,"]) + "\n")
+    return whl
+
+
+def test_a_file_two_distributions_install_is_shared_not_modified(tmp_path: Path) -> None:
+    """flashinfer-python and torch_c_dlpack_ext both install build_backend.py; the later one wins."""
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    first = _shared_wheel(tmp_path, "flashinfer_python", "FLASHINFER = 1\n")
+    second = _shared_wheel(tmp_path, "torch_c_dlpack_ext", "DLPACK = 1\n")
+    for whl in (first, second):  # in this order, as pip installs the closure
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                        "--disable-pip-version-check", "--prefix", str(venv), "--no-warn-script-location",
+                        str(whl)], check=True, capture_output=True)
+    files = collect_local(venv, tmp_path / "cache")["files"]
+    assert files["modified"] == []
+    assert files["shared"] == [{"dist": "torch-c-dlpack-ext", "path": f"{SITE}/build_backend.py",
+                                "owners": ["flashinfer-python", "torch-c-dlpack-ext"],
+                                "installed": "torch-c-dlpack-ext"}]
+    (finding,) = core.file_findings(inventory(collect_local(venv, tmp_path / "cache")))  # warm: the same answer
+    assert finding.kind is Kind.SHARED and finding.kind in core.INFO_KINDS
+    assert finding.detail == (f"{SITE}/build_backend.py shared by flashinfer-python and torch-c-dlpack-ext; "
+                              "torch-c-dlpack-ext's copy is installed")
+    (venv / SITE / "build_backend.py").write_text("HAND = 1\n")  # matches neither owner: a hand edit
+    files = collect_local(venv, tmp_path / "cache")["files"]
+    assert files["shared"] == [] and {i["path"] for i in files["modified"]} == {f"{SITE}/build_backend.py"}
+    assert len(files["modified"]) == 2  # both owners' RECORDs disagree with it

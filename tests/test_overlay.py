@@ -11,15 +11,22 @@ import struct
 import sys
 import tempfile
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleetctl import overlay as core
+from fleetctl import overlay_abi as abi
 from fleetctl.transport.agent import module_source
 
-PY311 = core.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site")
+PY311 = abi.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site",
+                        "2.36", (".cpython-311-x86_64-linux-gnu.so", ".abi3.so", ".so"))
+PY312 = abi.Interpreter("3.12.3", "cpython", "cpython-312-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site",
+                        "2.36", (".cpython-312-x86_64-linux-gnu.so", ".abi3.so", ".so"))
+OLD_GLIBC = abi.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/l", "2.17")
+UNSAID = abi.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/l")
 
 
 def remote(module: str) -> dict[str, Any]:
@@ -42,9 +49,33 @@ def test_remote_modules_are_python38(module: str) -> None:
     ("cp38-abi3-manylinux2014_x86_64", True), ("cp312-cp312-manylinux_2_17_x86_64", False),
     ("cp311-cp311-manylinux_2_17_aarch64", False), ("cp311-cp311-macosx_11_0_x86_64", False),
     ("cp312-abi3-manylinux2014_x86_64", False), ("py312-none-any", False),
+    ("cp310-abi3-manylinux2014_x86_64", True), ("cp310-cp310-manylinux2014_x86_64", False),
+    ("cp311-cp311-manylinux_2_28_x86_64.manylinux_2_17_x86_64", True), ("cp311-cp311-manylinux_2_39_x86_64", False),
+    ("cp311-cp311-linux_x86_64", True), ("cp311-cp311-musllinux_1_2_x86_64", False),
 ])
 def test_wheel_tags_against_the_target_interpreter(tag: str, fits: bool) -> None:
-    assert core.tag_fits(tag, PY311) is fits
+    assert abi.tag_fits(tag, PY311) is fits
+
+
+def test_manylinux_follows_the_target_glibc() -> None:
+    assert abi.tag_fits("cp311-cp311-manylinux2014_x86_64", OLD_GLIBC)
+    assert not abi.tag_fits("cp311-cp311-manylinux_2_28_x86_64", OLD_GLIBC)
+    assert abi.tag_fits("cp311-cp311-manylinux_2_28_x86_64", UNSAID)  # no glibc fact: any manylinux of the arch
+    assert not abi.tag_fits("cp311-cp311-manylinux_2_28_aarch64", UNSAID)
+
+
+def test_an_abi3_wheel_carrying_a_cpython_310_file_overlays_onto_311() -> None:
+    """sglang-kernel 0.4.10: a cp310-abi3 wheel with sgl_kernel/*.cpython-310-x86_64-linux-gnu.so,
+    loaded by path; the source (3.11) uses it, so a 3.11 target can."""
+    kernel = _dist("sglang-kernel", tags=("cp310-abi3-manylinux2014_x86_64",),
+                   ext=(("cpython-310-x86_64-linux-gnu", "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so"),
+                        ("abi3", "sgl_kernel/common_ops.abi3.so")))
+    src = core.SourceListing("golden", PY311, {"sglang-kernel": kernel})
+    assert core.refusals(src, PY311) == ()
+    assert core.refusals(src, PY312) == ()  # abi3 for >= 3.10: a 3.12 target loads it too
+    cp39 = replace(PY311, version="3.9.18", soabi="cpython-39-x86_64-linux-gnu", ext_suffixes=())
+    (refusal,) = core.refusals(src, cp39)
+    assert "WHEEL tag cp310-abi3-manylinux2014_x86_64 does not fit python 3.9.18" in refusal.line()
 
 
 def _dist(name: str = "pyyaml", tags: tuple[str, ...] = (), ext: tuple[tuple[str, str], ...] = (),
@@ -52,15 +83,27 @@ def _dist(name: str = "pyyaml", tags: tuple[str, ...] = (), ext: tuple[tuple[str
     return core.SourceDist(name, "6.0.2", f"{name}-6.0.2.dist-info", tags, ext, files)
 
 
-def test_a_cp312_extension_is_refused_with_every_reason() -> None:
+def test_a_cp312_venv_onto_311_is_refused_with_every_reason() -> None:
     bad = _dist(tags=("cp312-cp312-manylinux_2_17_x86_64",),
                 ext=(("cpython-312-x86_64-linux-gnu", "yaml/_yaml.cpython-312-x86_64-linux-gnu.so"),))
     good = _dist("idna", tags=("py3-none-any",))
-    src = core.SourceListing("lab1", PY311, {"pyyaml": bad, "idna": good})
+    src = core.SourceListing("lab1", PY312, {"pyyaml": bad, "idna": good})
     (refusal,) = core.refusals(src, PY311)
     assert refusal.name == "pyyaml" and len(refusal.reasons) == 2
     assert "yaml/_yaml.cpython-312-x86_64-linux-gnu.so is built for cpython-312" in refusal.line()
-    assert core.compat_reasons(_dist(ext=(("abi3", "x.abi3.so"),)), PY311) == []
+    assert core.compat_reasons(_dist(ext=(("abi3", "x.abi3.so"),)), PY311, PY312) == []
+    # No WHEEL file at all (a hand-made install): the suffixes the source imports still decide.
+    untagged = _dist(ext=(("cpython-312-x86_64-linux-gnu", "yaml/_yaml.cpython-312-x86_64-linux-gnu.so"),))
+    assert len(core.compat_reasons(untagged, PY311, PY312)) == 1
+    assert core.compat_reasons(untagged, PY312, PY312) == []
+
+
+def test_a_file_the_source_does_not_import_by_name_is_not_judged_by_it() -> None:
+    """A cpython-312 file inside a 3.11 source whose WHEEL fits: the source never imports it by that
+    suffix, so its name says nothing about the target."""
+    odd = _dist(tags=("py3-none-any",),
+                ext=(("cpython-312-x86_64-linux-gnu", "pkg/x.cpython-312-x86_64-linux-gnu.so"),))
+    assert core.compat_reasons(odd, PY311, PY311) == []
 
 
 @pytest.mark.parametrize(("old", "new", "action"), [

@@ -117,3 +117,37 @@ def test_create_cli_needs_exactly_one_pin_source(tmp_path: Path, capsys: pytest.
     r = run_cli(capsys, "-i", str(inv), "venv", "create", "--venv", "/v", "--lock", str(bad))
     assert r.rc == 3 and r.err.strip() == f"fleetctl: error: {bad}:1: 'idna>=3' is not an exact pin " \
                                           "(expected name==version)"
+
+
+def test_a_hashed_lock_pins_hashes_and_the_wheelhouse_is_checked_against_them(tmp_path: Path) -> None:
+    import hashlib
+
+    from fleetctl.hostpaths import wheelhouse_dir
+    from fleetctl.lockfile import parse_lock
+
+    house = tmp_path / "house"
+    house.mkdir()
+    whl = house / "idna-3.20-py3-none-any.whl"
+    whl.write_bytes(b"wheel bytes")
+    good = hashlib.sha256(b"wheel bytes").hexdigest()
+    lock = tmp_path / "full.lock"
+    lock.write_text(f"# a comment\nidna==3.20 --hash=sha256:{good}  # idna-3.20-py3-none-any.whl\n")
+    pins = parse_lock(lock)
+    assert pins["idna"].version == "3.20" and pins["idna"].hashes == (f"sha256:{good}",)
+    (wheel,) = core.local_wheels(house, pins)
+    assert wheel.sha256 == good
+    lock.write_text(f"idna==3.20 --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(InputError, match=r"idna-3.20-py3-none-any.whl has sha256 .*line 1 of the lock"):
+        core.local_wheels(house, parse_lock(lock))
+    assert wheelhouse_dir({"fleetctl_wheelhouse": "/var/cache/w/"}) == "/var/cache/w"
+    assert wheelhouse_dir({}) == "/var/lib/fleetctl/wheelhouse"
+
+
+def test_the_full_environment_lock_is_complete_and_hashed() -> None:
+    from fleetctl.lockfile import parse_lock
+
+    pins = parse_lock(Path(__file__).parent.parent / "playbooks/files/locks/sglang-0.5.23-full.lock")
+    assert len(pins) == 207 and all(len(p.hashes) == 1 for p in pins.values())
+    assert {n: pins[n].version for n in ("sglang", "sglang-kernel", "torch", "flashinfer-python", "triton")} == {
+        "sglang": "0.5.23", "sglang-kernel": "0.4.10", "torch": "2.14.1", "flashinfer-python": "0.7.2",
+        "triton": "3.8.0"}

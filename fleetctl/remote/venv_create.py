@@ -78,11 +78,25 @@ def inspect(params):
     wheels = {}
     for name in params.get("wheels") or []:
         path = os.path.join(house, name)
-        wheels[name] = file_sha256(path) if os.path.isfile(path) else None
+        wheels[name] = wheel_sha256(path) if os.path.isfile(path) else None
     exists = os.path.exists(os.path.join(venv, "bin", "python"))
     return {"python": python, "python_version": version, "uv": find_uv(), "venv_exists": exists,
             "venv_version": venv_version(venv) if exists else None, "installed": installed(venv) if exists else {},
             "wheels": wheels}
+
+
+def wheel_sha256(path):
+    """sha256 of a wheel, remembered by this agent (AGENT_MEMO) while its stat is the same: inspect
+    and apply of one run read a 4 GB wheelhouse once, not twice."""
+    st = os.stat(path)
+    memo = globals().get("AGENT_MEMO")
+    key = ("wheel_sha256", path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    if memo is not None and key in memo:
+        return memo[key]
+    digest = file_sha256(path)
+    if memo is not None:
+        memo[key] = digest
+    return digest
 
 
 def run(argv, log):
@@ -97,7 +111,7 @@ def run(argv, log):
 def check_wheels(house, wheels):
     for name, want in sorted((wheels or {}).items()):
         path = os.path.join(house, name)
-        if not os.path.isfile(path) or file_sha256(path) != want:
+        if not os.path.isfile(path) or wheel_sha256(path) != want:
             raise RuntimeError("wheel %s in %s does not have the uploaded hash (interrupted upload?)" % (name, house))
 
 

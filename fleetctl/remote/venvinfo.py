@@ -11,6 +11,21 @@ def normalize(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def glibc():
+    """"2.36" where the C library is glibc; None elsewhere (musl) or where it cannot say."""
+    try:
+        found = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):
+        return None
+    parts = found.split()
+    return parts[1] if len(parts) == 2 and parts[0] == "glibc" else None
+
+
+def extension_suffixes():
+    import importlib.machinery
+    return list(importlib.machinery.EXTENSION_SUFFIXES)
+
+
 def interpreter():
     return {
         "version": ".".join(str(n) for n in sys.version_info[:3]),
@@ -18,6 +33,8 @@ def interpreter():
         "soabi": sysconfig.get_config_var("SOABI"),
         "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
         "platform": sysconfig.get_platform(),
+        "glibc": glibc(),
+        "ext_suffixes": extension_suffixes(),
         "prefix": os.path.normpath(sys.prefix),
         "site": os.path.realpath(sysconfig.get_paths()["purelib"]),
     }

