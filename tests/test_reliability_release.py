@@ -158,6 +158,57 @@ def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_number
     assert_whole(deployed_lab, "lab1", fast_id, base=BASE)
 
 
+def test_a_release_built_before_its_base_changed_is_built_again_under_a_new_id(
+        deployed_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The base venv is changed by hand after a release was built from it (a distribution copied
+    in, as a hand overlay does): the next deploy does not reuse the old build; it builds again as
+    <id>.b<fingerprint> and serves that. Refused in one line when the stale build is the one
+    serving, unless --rebuild; `releases remove` removes the stale build, never the current one."""
+    inv = str(deployed_lab.inventory_path)
+    steady = release_state(deployed_lab, "lab1")["current"]
+    spec = write_spec(tmp_path, "rebuilt", STEADY, base=BASE)
+    rid = load_spec(spec).release_id
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec)).rc == 0
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "rollback", "--to", steady).rc == 0
+    handmade = f"{BASE}/lib/python3.11/site-packages/handmade-1.0.dist-info"
+    deployed_lab.ssh("lab1", f"mkdir -p {handmade} && printf 'Metadata-Version: 2.1\\nName: handmade\\n"
+                             f"Version: 1.0\\n' > {handmade}/METADATA && echo 'handmade-1.0.dist-info/METADATA,,' "
+                             f"> {handmade}/RECORD")
+    try:
+        r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec), "--json")
+        assert r.rc == 0, r.out + r.err
+        value = r.json()["hosts"]["lab1"]["value"]
+        new_id = value["release_id"]
+        assert new_id.startswith(f"{rid}.b") and new_id != rid
+        assert value["rebuilt"].startswith(f"base changed since {rid} was built (")
+        assert served_release(deployed_lab, "lab1") == new_id
+        assert deployed_lab.ssh("lab1", f"ls /opt/fleetctl/releases/{new_id}/venv/lib/python3.11/site-packages/"
+                                        "handmade-1.0.dist-info/METADATA", check=False).returncode == 0
+        # the stale build is now only a folder; the serving one cannot be removed
+        gone = run_cli(capsys, "-i", inv, "-l", "lab1", "releases", "remove", rid)
+        assert gone.rc == 0 and f"lab1: removed /opt/fleetctl/releases/{rid}" in gone.out
+        kept = run_cli(capsys, "-i", inv, "-l", "lab1", "releases", "remove", new_id)
+        assert kept.rc == 2 and kept.err == (f"lab1: failed: release {new_id} is the current one: roll back or "
+                                             "deploy another first\n")
+    finally:
+        deployed_lab.ssh("lab1", f"rm -rf {handmade}")
+    # the base changes back under the serving build: refused in one line, --rebuild goes on
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec), "--json")
+    assert r.rc == 0 and r.json()["hosts"]["lab1"]["value"]["release_id"] == rid  # rid's build is gone: fresh
+    deployed_lab.ssh("lab1", f"mkdir -p {handmade} && echo 'handmade-1.0.dist-info/METADATA,,' > {handmade}/RECORD")
+    try:
+        refused = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec))
+        assert refused.rc == 2 and f"lab1: failed: release {rid} is serving but was built from a base that has " \
+            "changed since" in refused.err and "pass --rebuild" in refused.err
+        assert served_release(deployed_lab, "lab1") == rid
+        forced = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec), "--rebuild", "--json")
+        assert forced.rc == 0, forced.out + forced.err
+        assert served_release(deployed_lab, "lab1") == forced.json()["hosts"]["lab1"]["value"]["release_id"] != rid
+    finally:
+        deployed_lab.ssh("lab1", f"rm -rf {handmade}")
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "rollback", "--to", steady).rc == 0
+
+
 def test_disk_full_during_the_build_fails_cleanly(deployed_lab: LabHandle, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """lab2's /opt/fleetctl becomes a small tmpfs (in lab2's own mount namespace); after one release

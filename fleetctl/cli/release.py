@@ -22,10 +22,12 @@ break_lock_option = click.option(
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="Plan only: inspect hosts and apply patches in memory; write nothing.")
 @click.option("--diff", "show_diff", is_flag=True, help="Show the patched files' diffs and the service environment.")
+@click.option("--rebuild", is_flag=True, help="Build the release again (as <id>.b<base fingerprint>) even where "
+              "the build of it that is serving came from a base that has changed since.")
 @break_lock_option
 @host_options
 @click.pass_obj
-def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool) -> int:
+def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure."""
     from fleetctl.release import deploy as core
     from fleetctl.release.spec import load_spec
@@ -34,7 +36,7 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     loaded = core.load_patches(spec)
     holder = core.who(f"fleetctl deploy {spec_path}")
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock))
+        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock, rebuild))
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
@@ -181,4 +183,34 @@ def list_releases(app: AppContext) -> int:
                  for rid in v.releases]
     render.console().print(render.table(None, ["host", "release", ""], rows))
     render.print_failures(results)
+    return exit_code_for(results)
+
+
+@releases.command(name="remove")
+@click.argument("release_id", metavar="RELEASE_ID")
+@host_options
+@click.pass_obj
+def remove_release(app: AppContext, release_id: str) -> int:
+    """Remove one release folder from each host (never the current or the previous one)."""
+    from fleetctl.release.deploy import host_lock, who
+    from fleetctl.release.identity import remove_release as remove
+    from fleetctl.release.service import layout_for
+
+    holder = who(f"fleetctl releases remove {release_id}")
+
+    def one(ctx: Any) -> str:
+        layout = layout_for(ctx.vars)
+        with host_lock(ctx, layout, holder):
+            return remove(ctx, layout, release_id)
+
+    with app.fleet() as fleet:
+        results = fleet.map(one)
+    if app.json:
+        render.emit_json(render.results_json(results, lambda path: {"removed": path}))
+    else:
+        for name, res in results.items():
+            if res.ok:
+                render.console().print(render.cell(f"{name}: removed {res.value}"))
+        render.print_failures(results)
+        render.console().print(render.summary_line(results))
     return exit_code_for(results)

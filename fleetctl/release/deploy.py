@@ -22,6 +22,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 
 from fleetctl.errors import HostError, RemoteOperationError
+from fleetctl.release import identity
 from fleetctl.release import patches as patchlib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
@@ -63,11 +64,13 @@ class DeployResult:
     broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
     restart_error: str | None = None  # the restart after the switch failed (then switched back)
     launch: LaunchCheck | None = None  # the launch args as SGLang's own parser judged them
+    rebuilt: str = ""  # why this host builds the release under another id (its base changed)
 
     @property
     def note(self) -> str:
-        """What the operator must see even when it went well (launch args not validated)."""
-        return self.launch.detail if self.launch is not None and not self.launch.validated else ""
+        """What the operator must see even when it went well (launch args not validated, a rebuild)."""
+        launch = self.launch.detail if self.launch is not None and not self.launch.validated else ""
+        return "; ".join(x for x in (self.rebuilt, launch) if x)
 
     @property
     def ok(self) -> bool:
@@ -153,32 +156,34 @@ def load_patches(spec: ReleaseSpec) -> Loaded:
     return [(p, patchlib.load_patch(p.path)) for p in spec.patches]
 
 
-def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded,
-                check: bool, holder: dict[str, Any], break_lock: bool = False) -> DeployResult:
+def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: bool, holder: dict[str, Any],
+                break_lock: bool = False, rebuild: bool = False) -> DeployResult:
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
         base_venv = ensure_base(session, spec, layout, check)
         base, state = inspect(session, spec, loaded, layout, base_venv)
         files = apply_patches(session.name, loaded, base)
+        who = identity.choose(session, layout, spec.release_id, base["site"], state.get("current"), rebuild)
+        rid = who.release_id  # the spec's id, unless the base changed under an earlier build of it
         # The release to fall back to: what runs now, unless that is this very release.
-        previous = state.get("previous") if state.get("current") == spec.release_id else state.get("current")
-        result = DeployResult(session.name, spec.release_id, "planned", previous=previous, broke_lock=broke)
+        previous = state.get("previous") if state.get("current") == rid else state.get("current")
+        result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke, rebuilt=who.why)
         kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
             result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars))
             result.launch = launch_args_fit(session, spec, layout, base_venv, patched_overlay(base["site"], files))
             return result
-        unchanged = state.get("current") == spec.release_id and service_running(session, layout)
+        unchanged = state.get("current") == rid and service_running(session, layout)
         if not unchanged:
-            result.build = build(session, spec, layout, base, files, kernels)  # service.env: real values, 0600
-            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{spec.release_id}/venv")
-            switch(session, layout, spec.release_id, "deploy", holder)
+            result.build = build(session, spec, layout, base, files, kernels, rid, who.fingerprint)
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
+            switch(session, layout, rid, "deploy", holder)
             result.restart_error = restart(session, layout)
             if result.restart_error:  # not serving the new release: back, exactly as a failed gate
                 return roll_back_after_failure(session, spec, layout, result, holder)
         # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
         # switched but never checked; running again checks it, and rolls back if it is bad.
-        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], spec.release_id,
+        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], rid,
                                  None if unchanged else previous)
         if all(g.ok for g in result.gates):
             result.outcome = "unchanged" if unchanged else "deployed"
@@ -269,16 +274,20 @@ def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
 
 
 def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dict[str, Any],
-          files: dict[str, Any], kernels: ReleaseKernels | None = None) -> dict[str, Any]:
+          files: dict[str, Any], kernels: ReleaseKernels | None, release_id: str,
+          base_fingerprint: str) -> dict[str, Any]:
+    """The release folder (service.env holds the real values, 0600), cloned from the base whose
+    fingerprint the manifest records."""
     extra = {"service.json": json.dumps(stored_params(spec, layout), indent=1)}
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
-    manifest: dict[str, Any] = {"release_id": spec.release_id, "spec_digest": spec.digest, "spec": spec.path.name,
-                                "base_venv": base["path"], "patches": [str(p.path.name) for p in spec.patches]}
+    manifest: dict[str, Any] = {"release_id": release_id, "spec_digest": spec.digest, "spec": spec.path.name,
+                                "base_venv": base["path"], "patches": [str(p.path.name) for p in spec.patches],
+                                "base_fingerprint": base_fingerprint}
     if kernels:  # fleetctl kernels: written under <release>/kernels/configs/, hashed into the manifest
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
-        "op": "build", **layout.params(), "release_id": spec.release_id, "base_venv": base["path"],
+        "op": "build", **layout.params(), "release_id": release_id, "base_venv": base["path"],
         "site": base["site"], "files": files,
         "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
@@ -315,7 +324,7 @@ def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: Hos
         result.outcome = "failed-no-previous"
         return result
     what = "restart" if result.restart_error else "health gate"
-    switch(session, layout, result.previous, f"{what} failed for {spec.release_id}", holder)
+    switch(session, layout, result.previous, f"{what} failed for {result.release_id}", holder)
     again = restart(session, layout)
     health = Health(path=spec.model.health.path, timeout=spec.model.health.timeout)
     result.rollback_gates = [wait_healthy(session, health, layout, listen(spec, layout)[1])]
