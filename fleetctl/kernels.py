@@ -24,7 +24,9 @@ from fleetctl.gpu import GpuFacts, sglang_device_name
 from fleetctl.transport.base import HostSession
 
 ENV_VAR = "SGLANG_MOE_CONFIG_DIR"
-REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")
+# SGLang loads a config without these (it ships seven such files; Triton's defaults apply): warn.
+LAUNCH_KEYS = ("num_warps", "num_stages")
 # Keys SGLang's own configs also carry (TMA on Hopper+, ROCm tuning, clusters); anything else is a typo.
 OPTIONAL_KEYS: dict[str, type] = {"USE_TMA": bool, "num_ctas": int, "kpack": int, "matrix_instr_nonkdim": int,
                                   "waves_per_eu": int}
@@ -104,14 +106,24 @@ def _check_entry(entry: Any, where: str) -> None:
     if missing:
         raise KernelConfigError(f"{where}: missing {', '.join(missing)}")
     for key, value in entry.items():
-        kind = int if key in REQUIRED_KEYS else OPTIONAL_KEYS.get(key)
+        kind = int if key in (*REQUIRED_KEYS, *LAUNCH_KEYS) else OPTIONAL_KEYS.get(key)
         if kind is None:
             raise KernelConfigError(f"{where}: unknown parameter {key!r} (known: "
-                                    f"{', '.join([*REQUIRED_KEYS, *OPTIONAL_KEYS])})")
-        least = 1 if key in REQUIRED_KEYS else 0  # ROCm's waves_per_eu is 0 in SGLang's own configs
+                                    f"{', '.join([*REQUIRED_KEYS, *LAUNCH_KEYS, *OPTIONAL_KEYS])})")
+        least = 1 if key in (*REQUIRED_KEYS, *LAUNCH_KEYS) else 0  # ROCm's waves_per_eu is 0 in SGLang's own
         if not (isinstance(value, bool) if kind is bool else (type(value) is int and value >= least)):
             want = "true or false" if kind is bool else "a positive integer" if least else "an integer >= 0"
             raise KernelConfigError(f"{where}: {key} is {value!r}, expected {want}")
+
+
+def launch_key_warning(name: str, text: str) -> str | None:
+    """A warning for a config whose batches lack num_warps/num_stages (valid text assumed)."""
+    data = json.loads(text)
+    short = sorted((b for b, e in data.items() if any(k not in e for k in LAUNCH_KEYS)), key=int)
+    if not short:
+        return None
+    return (f"{name}: batch size {', '.join(short[:5])}{'...' if len(short) > 5 else ''} has no "
+            f"{'/'.join(LAUNCH_KEYS)}: SGLang loads it with Triton's defaults (as some of its own configs)")
 
 
 @dataclass(frozen=True)
@@ -301,7 +313,8 @@ def plan_host(host: str, facts: KernelHost, tuned: TunedSet) -> KernelPlan:
     for filename, tuned_in in sorted(by_name.items()):
         plan.entries.append(_entry(filename, sorted(tuned_in), facts, folders))
     plan.warnings = _host_warnings(facts, tuned, bool(selected), folders) + [
-        w for e in plan.entries if (w := _entry_warning(e, facts))]
+        w for e in plan.entries if (w := _entry_warning(e, facts))] + [
+        w for f in selected if (w := launch_key_warning(f.rel, f.text))]
     if facts.builtin_dir is None:
         plan.notes.append(f"sglang not found in {facts.venv or 'the agent python'}: SGLang's built-in configs "
                           "are unknown, this plan covers the tuned files only")
@@ -338,7 +351,8 @@ def _host_warnings(facts: KernelHost, tuned: TunedSet, any_selected: bool,
     if not facts.gpu_names:
         out.append(f"no GPU name ({facts.gpu_source}): set the host var gpu_name; no tuned config selected")
     elif len(facts.gpu_names) > 1:
-        out.append(f"GPU models differ on this host ({', '.join(facts.gpu_names)}): each rank loads its own")
+        out.append(f"GPU models differ on this host ({', '.join(facts.gpu_names)}): every rank names its config "
+                   f"by cuda:0's GPU ({facts.gpu_names[0]}), so the others run a config tuned for another GPU")
     if facts.triton_version is None:
         out.append(f"no triton version ({facts.triton_source}): set the host var triton_version")
     for device in facts.device_names if not any_selected else []:
@@ -416,9 +430,11 @@ def plan_collect(got: Collected, dest: Path, force: bool) -> list[CollectItem]:
         if path.exists():
             same = path.read_text(encoding="utf-8") == text
             action = "unchanged" if same else "overwritten" if force else "differs"
-        note = "" if not devices or name.device_name in devices else (
-            f"tuned for {name.device_name}, {got.host} has {', '.join(sorted(devices))}")
-        items.append(CollectItem(filename, f"{folder}/{filename}", action, note))
+        notes = [] if not devices or name.device_name in devices else [
+            f"tuned for {name.device_name}, {got.host} has {', '.join(sorted(devices))}"]
+        short = launch_key_warning(filename, text)
+        notes += [short.split(": ", 1)[1]] if short else []
+        items.append(CollectItem(filename, f"{folder}/{filename}", action, "; ".join(notes)))
     return items
 
 
