@@ -165,3 +165,16 @@ def test_base_venv_from_a_lock_file_and_hard_linked_release(release_free_lab: La
         == NEW_SGLANG
     again = cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(spec), "--json")
     assert again.rc == 0 and again.json()["hosts"]["lab3"]["value"]["outcome"] == "unchanged"
+
+
+def test_launch_args_not_validated_is_said_where_sglang_cannot_import(
+        release_free_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    """The lab venvs hold sglang installed with --no-deps: its parser cannot be imported (no numpy,
+    no torch), and the plan says so under the table instead of passing silently."""
+    r = cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(DDTREE), "--check")
+    assert r.rc == 0, r.out + r.err
+    line = next(x for x in r.out.splitlines() if x.startswith("lab1: launch args not validated"))
+    assert line.startswith("lab1: launch args not validated: sglang.srt.server_args cannot be imported in "
+                           "/root/ml-env: ModuleNotFoundError: No module named")
+    doc = cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(DDTREE), "--check", "--json").json()
+    assert doc["hosts"]["lab1"]["value"]["launch"]["validated"] is False
