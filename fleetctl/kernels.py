@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +291,7 @@ class KernelPlan:
     entries: list[PlanEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)  # tuned files this host's SGLang would reject
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -318,7 +319,43 @@ def plan_host(host: str, facts: KernelHost, tuned: TunedSet) -> KernelPlan:
     if facts.builtin_dir is None:
         plan.notes.append(f"sglang not found in {facts.venv or 'the agent python'}: SGLang's built-in configs "
                           "are unknown, this plan covers the tuned files only")
+    plan.notes += _down_notes(selected, folders)
+    plan.refusals = _down_refusals(selected, facts.sglang_version)
     return plan
+
+
+def _down_sibling(f: TunedFile) -> str:
+    return replace(f.name, down=not f.name.down).filename()
+
+
+def _down_notes(selected: Sequence[TunedFile], folders: Mapping[str, set[str]]) -> list[str]:
+    """SGLang (0.5.23) runs the down projection with the up config when no ``_down`` file exists."""
+    return [f"{f.rel}: no {_down_sibling(f)} in {f.folder}: the down projection uses this (up) config"
+            for f in selected if not f.name.down and _down_sibling(f) not in folders.get(f.folder, set())]
+
+
+def _down_refusals(selected: Sequence[TunedFile], sglang_version: str | None) -> list[str]:
+    """SGLang before 0.5.23 (0.5.9) asserts that the up and down configs agree on BLOCK_SIZE_M."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if sglang_version is None or Version(sglang_version) >= Version("0.5.23"):
+            return []
+    except InvalidVersion:
+        return []
+    ups = {(f.folder, f.filename): f for f in selected if not f.name.down}
+    out = []
+    for down in (f for f in selected if f.name.down):
+        up = ups.get((down.folder, _down_sibling(down)))
+        if up is None:
+            continue
+        up_cfg, down_cfg = json.loads(up.text), json.loads(down.text)
+        bad = sorted((b for b in down_cfg if b in up_cfg and
+                      down_cfg[b].get("BLOCK_SIZE_M") != up_cfg[b].get("BLOCK_SIZE_M")), key=int)
+        if bad:
+            out.append(f"{down.rel}: BLOCK_SIZE_M differs from {up.filename} for batch size {', '.join(bad[:5])}: "
+                       f"sglang {sglang_version} asserts they agree (0.5.23 and later do not)")
+    return out
 
 
 def _entry(filename: str, tuned_in: list[str], facts: KernelHost, folders: Mapping[str, set[str]]) -> PlanEntry:

@@ -439,3 +439,35 @@ def test_captured_h200_facts_give_the_same_plan_again() -> None:
     plan = k.plan_host("h200", facts, samples)
     assert [e.__dict__ for e in plan.entries] == value["entries"]
     assert plan.warnings == value["warnings"]
+
+
+def _pair(tmp_path: Path, down_m: int) -> k.TunedSet:
+    """A tuned up config and its _down sibling in one triton folder, BLOCK_SIZE_M 16 and ``down_m``."""
+    folder = tmp_path / "triton_3_4_0"
+    folder.mkdir(parents=True, exist_ok=True)
+    up = "E=64,N=128,device_name=NVIDIA_H200.json"
+    (folder / up).write_text(json.dumps(GOOD))
+    (folder / up.replace(".json", "_down.json")).write_text(
+        json.dumps({"1": {**GOOD["1"], "BLOCK_SIZE_M": down_m}}))
+    return k.load_tuned(tmp_path)
+
+
+def test_an_up_config_without_its_down_file_runs_the_down_projection_too(tmp_path: Path) -> None:
+    folder = tmp_path / "triton_3_4_0"
+    folder.mkdir()
+    (folder / "E=64,N=128,device_name=NVIDIA_H200.json").write_text(json.dumps(GOOD))
+    plan = k.plan_host("gpu01", host("3.4.0"), k.load_tuned(tmp_path))
+    assert ("triton_3_4_0/E=64,N=128,device_name=NVIDIA_H200.json: no E=64,N=128,device_name=NVIDIA_H200_down.json "
+            "in triton_3_4_0: the down projection uses this (up) config") in plan.notes
+    assert not plan.refusals
+    assert not [n for n in k.plan_host("gpu01", host("3.4.0"), _pair(tmp_path / "b", 16)).notes if "_down" in n]
+
+
+def test_a_down_config_disagreeing_on_block_size_m_is_refused_for_sglang_0_5_9_only(tmp_path: Path) -> None:
+    tuned = _pair(tmp_path, 32)
+    old = k.plan_host("old", host("3.4.0", sglang_version="0.5.9"), tuned)
+    assert old.refusals == ["triton_3_4_0/E=64,N=128,device_name=NVIDIA_H200_down.json: BLOCK_SIZE_M differs from "
+                            "E=64,N=128,device_name=NVIDIA_H200.json for batch size 1: sglang 0.5.9 asserts they "
+                            "agree (0.5.23 and later do not)"]
+    assert k.plan_host("new", host("3.4.0"), tuned).refusals == []
+    assert k.plan_host("old", host("3.4.0", sglang_version="0.5.9"), _pair(tmp_path / "same", 16)).refusals == []

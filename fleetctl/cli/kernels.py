@@ -51,8 +51,9 @@ def plan(app: AppContext, venv: str | None, directory: Path, strict: bool) -> in
     else:
         print_plan(tuned, results)
     code = exit_code_for(results)
-    if code == ExitCode.OK and strict and any(r.value and r.value.warnings for r in results.values()):
-        return int(ExitCode.BAD_ANSWER)
+    if code == ExitCode.OK and any(r.value and (r.value.refusals or (strict and r.value.warnings))
+                                   for r in results.values()):
+        return int(ExitCode.BAD_ANSWER)  # a file this host's SGLang would reject, or --strict and a warning
     return code
 
 
@@ -80,6 +81,8 @@ def print_plan(tuned: TunedSet, results: dict[str, HostResult[KernelPlan]]) -> N
             out.print(Text(f"note: {note}"))
         for warning in p.warnings:
             out.print(Text(f"warning: {warning}", style="yellow"))
+        for refusal in p.refusals:
+            out.print(Text(f"REFUSED: {refusal}", style="red"))
     render.print_failures(results)
     out.print(render.summary_line(results))
 

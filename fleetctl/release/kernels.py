@@ -74,6 +74,8 @@ def release_kernels(session: HostSession, spec: ReleaseSpec, base_venv: str) -> 
                                            f"{facts.sglang_version or 'not installed'}) to merge the tuned files "
                                            "into; nothing changed")
     plan = plan_host(session.name, facts, tuned)
+    if plan.refusals:  # SGLang on this host would stop at load: refuse before building anything
+        raise KernelsRefused(session.name, "kernels: " + "; ".join(plan.refusals))
     files, replaced = merged_folder(builtin, tuned.for_devices(facts.device_names))
     current = layout_for(session.vars).current
     return ReleaseKernels(files, {ENV_VAR: f"{current}/{KERNELS_DIR}"}, plan, replaced)
