@@ -236,3 +236,25 @@ def test_a_command_past_its_timeout_under_sudo_is_ended_with_all_it_started(
     time.sleep(1.5)
     left = release_free_lab.ssh("lab1", "pgrep -f 'sleep 77[12]'", check=False)
     assert left.returncode == 1, left.stdout  # root's processes, ended through sudo too
+
+
+def test_kept_connections_key_on_become(release_free_lab: LabHandle, fleetop_inventory: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent under sudo is never reused for a command without it (and the other way round)."""
+    from fleetctl.transport import mux
+
+    folder = tmp_path / "mux"
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
+    try:
+        who = {}
+        for flags in ((), ("-b",)):
+            r = cli(capsys, fleetop_inventory, "--persist", "60", *flags, "-l", "lab1", "ping", "--json")
+            assert r.rc == 0, r.out + r.err
+            who[flags] = r.json()["hosts"]["lab1"]["value"]["user"]
+        assert who == {(): "fleetop", ("-b",): "root"}
+        listed = run_cli(capsys, "--json", "connections", "list")
+        addresses = sorted(k["address"] for k in listed.json()["connections"])
+        address = release_free_lab.addresses["lab1"]
+        assert addresses == [f"fleetop@{address}:22", f"fleetop@{address}:22 (sudo -u root)"], listed.out
+    finally:
+        mux.stop_server(mux.socket_path(folder))

@@ -535,7 +535,9 @@ class MuxServer:
             kept = sorted(self.hosts.values(), key=lambda k: k.host)
         return [{
             "host": k.host, "address": f"{k.connector.target.user}@{k.connector.target.hostname}:"
-                                       f"{k.connector.target.port}",
+                                       f"{k.connector.target.port}"
+                                       + (f" (sudo -u {k.connector.target.become.user})"
+                                          if k.connector.target.become else ""),
             "pythons": [p for p in [k.main.info.python if k.main.info else None,
                                     *(p for p, a in k.others.items() if a is not None)] if p],
             "idle_s": round(now - k.last_used, 1), "in_use": k.users > 0,
