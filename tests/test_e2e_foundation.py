@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,20 @@ def test_shell_json_and_failing_command(lab_fleet: LabHandle, capsys: pytest.Cap
 
 
 def test_limit_with_shell_metacharacters_runs_nothing(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    marker = "/tmp/fleetctl-pwned"
-    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", f"lab1; touch {marker}", "ping")
-    assert r.rc == 3
-    assert "no hosts match" in r.err
+    """A pattern full of shell metacharacters that still selects every host (a name and a regex whose
+    alternatives are payloads): the hosts are reached and nothing of the pattern runs anywhere."""
+    marker = f"/tmp/fleetctl-pwned-{os.getpid()}"
+    pattern = f"lab1,~^lab[23]$|$(touch {marker})|`touch {marker}`;touch {marker} &"
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", pattern, "shell", "--json", "hostname")
+    assert r.rc == 0, r.err
+    hosts = r.json()["hosts"]
+    assert {name: h["value"]["stdout"] for name, h in hosts.items()} == {h: f"{h}\n" for h in lab_fleet.hosts}
+    assert not Path(marker).exists()
+    for host in lab_fleet.hosts:  # their own /root; /tmp is this machine's
+        assert lab_fleet.ssh(host, f"ls /root/{Path(marker).name} 2>/dev/null; true").stdout == "", host
+    # the same pattern with no host matched is refused on the controller, naming the pattern
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", f"lab9; touch {marker}", "ping")
+    assert r.rc == 3 and "no hosts match" in r.err
     assert not Path(marker).exists()
 
 
