@@ -79,7 +79,7 @@ test: lint typecheck pytest
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.
 # probe_search.py: the host-side search alone against ripgrep, and probe grep against ssh+rg (issue 3).
 # The narrower scripts (drift.py, release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py
 bench: deps chromium
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 

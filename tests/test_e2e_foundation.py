@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import run_cli
+from cli_support import run_cli, wall_clock
 from lab_support import LabHandle
 
 pytestmark = pytest.mark.lab
@@ -81,8 +81,10 @@ def test_facts_on_lab_hosts(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[
 
 
 def test_command_timeout_fails_that_host_only(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "shell", "--json",
-                'if [ "$(hostname)" = lab1 ]; then sleep 30; fi; echo done')
+    with wall_clock() as took:
+        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "shell", "--json",
+                    'if [ "$(hostname)" = lab1 ]; then sleep 30; fi; echo done')
+    assert took.seconds < 1 + 20, took  # -T 1 ended lab1's 30 s sleep (20 s for connecting on a busy machine)
     assert r.rc == 2
     doc = r.json()["hosts"]
     assert doc["lab1"]["status"] == "failed"
