@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import skip_guard
 from lab_support import (
     SCRATCH_LAB_BASE,
     SCRATCH_LAB_DIR,
@@ -18,6 +19,16 @@ from lab_support import (
     private_lab,
     shared_lab,
 )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    skip_guard.pytest_addoption(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Unexpected skips and deselections fail the run; so does a whole-suite run without the lab."""
+    skip_guard.pytest_configure(config)
+
 
 # The machine's own ~/.ssh/config must not steer the tests; those about ssh_config write their own.
 os.environ["FLEETCTL_SSH_CONFIG"] = "none"

@@ -33,6 +33,7 @@ from fleetctl.lab import (
     stop_host,
 )
 from fleetctl.lab.accounts import LAB_PASSWORD
+from fleetctl.lab.sshd import UNSHARE
 from fleetctl.lab.state import default_lab_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,11 +49,16 @@ SCRATCH_LAB_HOSTS = 2
 
 
 def lab_usable() -> str:
-    """Why the lab cannot run here, or "" when it can."""
+    """Why the lab cannot run here, or "" when it can.
+
+    FLEETCTL_TEST_UNSHARE points this check at another unshare (tests/test_skip_guard.py points it
+    at a missing one to show that a run without the lab fails).
+    """
+    unshare = os.environ.get("FLEETCTL_TEST_UNSHARE", UNSHARE)
     if os.geteuid() != 0:
         return "the lab needs root"
-    if not Path("/usr/bin/unshare").exists():
-        return "the lab needs /usr/bin/unshare"
+    if not os.access(unshare, os.X_OK):
+        return f"the lab needs {unshare} (util-linux)"
     return ""
 
 

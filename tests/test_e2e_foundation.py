@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import run_cli
+from cli_support import run_cli, wall_clock
 from lab_support import LabHandle
 
 pytestmark = pytest.mark.lab
@@ -49,10 +50,20 @@ def test_shell_json_and_failing_command(lab_fleet: LabHandle, capsys: pytest.Cap
 
 
 def test_limit_with_shell_metacharacters_runs_nothing(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    marker = "/tmp/fleetctl-pwned"
-    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", f"lab1; touch {marker}", "ping")
-    assert r.rc == 3
-    assert "no hosts match" in r.err
+    """A pattern full of shell metacharacters that still selects every host (a name and a regex whose
+    alternatives are payloads): the hosts are reached and nothing of the pattern runs anywhere."""
+    marker = f"/tmp/fleetctl-pwned-{os.getpid()}"
+    pattern = f"lab1,~^lab[23]$|$(touch {marker})|`touch {marker}`;touch {marker} &"
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", pattern, "shell", "--json", "hostname")
+    assert r.rc == 0, r.err
+    hosts = r.json()["hosts"]
+    assert {name: h["value"]["stdout"] for name, h in hosts.items()} == {h: f"{h}\n" for h in lab_fleet.hosts}
+    assert not Path(marker).exists()
+    for host in lab_fleet.hosts:  # their own /root; /tmp is this machine's
+        assert lab_fleet.ssh(host, f"ls /root/{Path(marker).name} 2>/dev/null; true").stdout == "", host
+    # the same pattern with no host matched is refused on the controller, naming the pattern
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-l", f"lab9; touch {marker}", "ping")
+    assert r.rc == 3 and "no hosts match" in r.err
     assert not Path(marker).exists()
 
 
@@ -70,8 +81,10 @@ def test_facts_on_lab_hosts(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[
 
 
 def test_command_timeout_fails_that_host_only(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "shell", "--json",
-                'if [ "$(hostname)" = lab1 ]; then sleep 30; fi; echo done')
+    with wall_clock() as took:
+        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "shell", "--json",
+                    'if [ "$(hostname)" = lab1 ]; then sleep 30; fi; echo done')
+    assert took.seconds < 1 + 20, took  # -T 1 ended lab1's 30 s sleep (20 s for connecting on a busy machine)
     assert r.rc == 2
     doc = r.json()["hosts"]
     assert doc["lab1"]["status"] == "failed"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import base64
-import glob
 import hashlib
 import importlib.util
 import json
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from interpreters import NO_PY38, find_python
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.facts import HostFacts, collect_facts, facts_table_rows, parse_facts
@@ -31,11 +31,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SYSTEM_PYTHON = "/usr/bin/python3"
 needs_system_python = pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="no /usr/bin/python3")
 # The oldest Python the host-side scripts promise to run on, where this machine has one.
-PY38 = next(iter(sorted(glob.glob("/usr/bin/python3.8") + glob.glob(os.path.expanduser(
-    "~/.pyenv/versions/3.8*/bin/python3.8")))), None)
+PY38 = find_python("3.8")
 CHILD_PYTHONS = [
     pytest.param(SYSTEM_PYTHON, id="system-python3", marks=needs_system_python),
-    pytest.param(PY38, id="python3.8", marks=pytest.mark.skipif(PY38 is None, reason="no Python 3.8 here")),
+    pytest.param(PY38, id="python3.8", marks=pytest.mark.skipif(PY38 is None, reason=NO_PY38)),
 ]
 BUILTIN_GENERICS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 

@@ -95,6 +95,12 @@ def test_templating_keeps_types_and_is_strict() -> None:
     assert templating.evaluate("r is failed", {"r": {"failed": True}}) is True
     assert templating.evaluate("'NVIDIA H200' is search('H200')", {}) is True
     assert templating.render("{{ x | default(none) }}", {}) is None
+    # numbers and lists still come out native, but a string is the text made: quotes kept (Jinja's own
+    # native concat literal_evals it: `'a'"b"` became `ab`, found by the hostile-input lab test)
+    assert templating.render("{{ n }}", {"n": "2"}) == 2 and templating.render("[{{ n }}]", {"n": 1}) == [1]
+    assert templating.render("{{ a }}{{ b }}", {"a": "'; x; '", "b": '"; y; "'}) == "'; x; '\"; y; \""
+    assert templating.render("{{ a }}", {"a": "'quoted'"}) == "'quoted'"
+    assert templating.render("'{{ a }}'", {"a": "x"}) == "'x'"
     # whole files stay text: a JSON template is not turned into a Python repr
     assert templating.render_text('{"port": {{ port }}}\n', {"port": 30000}) == '{"port": 30000}\n'
 

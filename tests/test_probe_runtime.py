@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from cli_support import run_cli
+from interpreters import NO_PY38, find_python
 from sglang_support import generate
 
 from fleetctl.inventory import load_inventory
@@ -40,7 +41,7 @@ REMOTE = REPO / "fleetctl" / "remote"
 FAKE_SGLANG = REPO / "fleetctl" / "lab" / "fake_sglang.py"
 EXAMPLES = REPO / "examples" / "probes"
 SYSTEM_PYTHON = "/usr/bin/python3"
-PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
+PY38 = find_python("3.8")
 DIST_NAME = "fleetprobe-dist"  # the distribution's name differs from its import name, as PyYAML/yaml
 
 SPEC_PY = """\
@@ -220,8 +221,7 @@ def test_missing_attribute_is_named(venv_inventory: Path) -> None:
 
 
 def test_undefined_symbol_comes_through_verbatim(venv_inventory: Path, probe_venv: SimpleNamespace) -> None:
-    if not probe_venv.has_ext:
-        pytest.skip("gcc or Python.h missing: cannot build the extension")
+    assert probe_venv.has_ext, "gcc or Python.h missing: cannot build the extension (make deps installs them)"
     with local_fleet(venv_inventory) as fleet:
         a = import_core.run_import(fleet, import_core.ImportRequest.parse("fleetprobe_badext"))["a"].value
     assert a is not None and not a.imported
@@ -258,7 +258,7 @@ def test_owner_scan_fallback_matches_packages_distributions(probe_venv: SimpleNa
     assert ns["owners"]("yaml", None)[0][0]["name"] == "PyYAML"  # top_level.txt path of the scan
 
 
-@pytest.mark.skipif(not PY38.exists(), reason="no Python 3.8 interpreter here")
+@pytest.mark.skipif(PY38 is None, reason=NO_PY38)
 def test_importprobe_on_real_python38(probe_venv: SimpleNamespace, tmp_path: Path) -> None:
     site = tmp_path / "site"
     shutil.copytree(probe_venv.site / "fleetprobe_pkg", site / "fleetprobe_pkg")

@@ -5,12 +5,15 @@ wrong key refuses the host before anything runs on it."""
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,20 +41,73 @@ def marker() -> Iterator[str]:
     Path(path).unlink(missing_ok=True)
 
 
-def assert_nothing_ran(lab: LabHandle, marker: str) -> None:
-    assert not Path(marker).exists()
+def markers_found(lab: LabHandle, marker: str) -> list[str]:
+    """Where a marker is: the controller's path (the hosts share /tmp) and each host's own /root."""
+    found = ["controller"] if Path(marker).exists() else []
     for host in lab.hosts:  # each lab host has its own /root, /opt, /srv, /var/lib/fleetctl
-        assert lab.ssh(host, f"ls {marker} /root/{Path(marker).name} 2>/dev/null; true").stdout == "", host
+        out = lab.ssh(host, f"ls {marker} /root/{Path(marker).name} 2>/dev/null; true").stdout
+        found += [f"{host}:{line}" for line in out.split()]
+    return found
+
+
+def assert_nothing_ran(lab: LabHandle, marker: str) -> None:
+    assert markers_found(lab, marker) == []
+
+
+def hostile_venv(marker: str) -> str:
+    """A venv path made of every payload (nested folders where a payload holds a /)."""
+    return "/root/hv" + "".join(payloads(marker))
+
+
+# On a host: a real venv at the hostile path (argv from base64: no shell sees it) holding a package
+# whose source carries the payloads as text, with a RECORD, so grep, symbol, import and drift find it.
+MAKE_VENV = r"""
+import base64, glob, hashlib, os, subprocess, sys
+venv, text = (base64.b64decode(a).decode() for a in sys.argv[1:3])
+subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", venv], check=True)
+site = glob.glob(glob.escape(venv) + "/lib/python3*/site-packages")[0]
+files = {"hostilepkg/__init__.py": "", "hostilepkg/spec.py": "class Hostile:\n    NAME = %r\n" % text,
+         "hostilepkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hostilepkg\nVersion: 1.0\n",
+         "hostilepkg-1.0.dist-info/top_level.txt": "hostilepkg\n"}
+rows = []
+for rel, body in files.items():
+    os.makedirs(os.path.dirname(os.path.join(site, rel)), exist_ok=True)
+    with open(os.path.join(site, rel), "w") as f:
+        f.write(body)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(body.encode()).digest()).rstrip(b"=").decode()
+    rows.append("%s,sha256=%s,%d" % (rel, digest, len(body.encode())))
+rows.append("hostilepkg-1.0.dist-info/RECORD,,")
+with open(os.path.join(site, "hostilepkg-1.0.dist-info/RECORD"), "w") as f:
+    f.write("\n".join(rows) + "\n")
+print(site)
+"""
+
+
+def make_hostile_venv(lab: LabHandle, host: str, venv: str, text: str) -> str:
+    def b64(value: str) -> str:
+        return base64.b64encode(value.encode()).decode()
+
+    code = b64(MAKE_VENV)
+    return lab.ssh(host, f"echo {code} | base64 -d > /root/.mkvenv.py && /usr/bin/python3 /root/.mkvenv.py "
+                         f"{b64(venv)} {b64(text)}").stdout.strip()
+
+
+def remove_hostile_venv(lab: LabHandle, host: str) -> None:
+    lab.ssh(host, "rm -rf /root/hv* /root/.mkvenv.py /root/hostile-*; true")
+
+
+def hostile_names(marker: str) -> dict[str, str]:
+    evil = payloads(marker)
+    return {"lab1": f"lab1{evil[0]}", "lab2": evil[1], "lab3": evil[2]}
 
 
 def hostile_inventory(lab: LabHandle, marker: str) -> Path:
-    """The lab's hosts renamed with metacharacters, vars full of them, and two secrets."""
+    """The lab's hosts renamed with metacharacters, vars full of them (venv: the hostile venv), two secrets."""
     doc = yaml.safe_load(lab.inventory_path.read_text())
     hosts = doc["all"]["children"]["lab"]["hosts"]
-    evil = payloads(marker)
-    names = {"lab1": f"lab1{evil[0]}", "lab2": evil[1], "lab3": evil[2]}
-    renamed = {names[h]: dict(v, note=evil[3], venv=f"/root/ml-env{evil[0]}") for h, v in hosts.items()}
-    renamed[names["lab3"]].update(DB_PASS=PASSWORD, venv=TINY)
+    names, evil = hostile_names(marker), payloads(marker)
+    renamed = {names[h]: dict(v, note=evil[3], venv=hostile_venv(marker)) for h, v in hosts.items()}
+    renamed[names["lab3"]].update(DB_PASS=PASSWORD)
     doc["all"]["children"] = {"lab": {"hosts": renamed, "vars": {
         "secret_vars": ["HF_TOKEN", "DB_PASS"], "HF_TOKEN": TOKEN, "quoted": evil[4], "newline": evil[5]}},
         "third": {"hosts": {names["lab3"]: None}}}
@@ -60,33 +116,86 @@ def hostile_inventory(lab: LabHandle, marker: str) -> Path:
     return path
 
 
+# A playbook whose paths and values carry the payloads: copy to a hostile folder, a shell task run
+# there (chdir and creates are quoted; the command itself is the operator's), a probe and a drift.
+PLAYBOOK = """\
+- name: hostile
+  hosts: lab
+  tasks:
+    - name: copy a payload into a hostile folder
+      copy: {dest: "{{ venv }}/copied.txt", content: "{{ note }}{{ quoted }}"}
+    - name: run in a hostile folder
+      shell: {cmd: "pwd > /root/hostile-pwd", chdir: "{{ venv }}", creates: "{{ venv }}/nothing{{ note }}"}
+    - name: symbol in the hostile venv
+      probe: {symbol: Hostile.NAME, package: hostilepkg, venv: "{{ venv }}", expect: present}
+    - name: drift of the hostile venv
+      drift: {venv: "{{ venv }}", baseline: "%s", verify_files: true}
+"""
+
+
 def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: LabHandle, marker: str,
                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every input below passes validation and reaches the hosts (each answer is checked to come from
+    them); the payloads arrive as data, and no marker appears on any host or the controller."""
     lab = release_free_lab
     inv = hostile_inventory(lab, marker)
+    names = hostile_inventory_names(inv)
+    as_named = hostile_names(marker)
+    assert sorted(names) == sorted(as_named.values())
+    venv, evil = hostile_venv(marker), payloads(marker)
+    every = "".join(evil)
+    sites = {h: make_hostile_venv(lab, h, venv, every) for h in lab.hosts}
     lab.ssh("lab3", f"rm -rf {TINY} && /usr/bin/python3 -m venv --without-pip {TINY}")
     seen: list[CliRun] = []
 
-    def cli(*args: str) -> CliRun:
+    def cli(*args: str, rc: int = 0) -> dict[str, Any]:
         seen.append(run_cli(capsys, "-i", str(inv), *args))
-        return seen[-1]
+        assert seen[-1].rc == rc, (args, seen[-1].out[-3000:], seen[-1].err[-3000:])
+        return seen[-1].json() if "--json" in args else {}
 
-    evil = payloads(marker)
+    def ok_everywhere(doc: dict[str, Any], hosts: list[str] = names) -> dict[str, Any]:
+        assert sorted(doc["hosts"]) == sorted(hosts)
+        assert {h["status"] for h in doc["hosts"].values()} == {"ok"}, doc["hosts"]
+        return {name: doc["hosts"][name]["value"] for name in hosts}
+
     try:
-        assert cli("-vv", "ping", "--json").rc == 0, seen[-1].err
-        assert sorted(seen[-1].json()["hosts"]) == sorted(hostile_inventory_names(inv))
-        assert cli("shell", "--json", "echo ok").rc == 0
-        assert cli("-vv", "facts", "--json").rc in (0, 2)
-        assert cli("-l", "lab", "probe", "grep", *evil, "--venv", "/root/ml-env", "--json").rc in (0, 1)
-        every = "".join(evil)
-        cli("-l", "third", "probe", "symbol", f"SpeculativeAlgorithm{every}", "--venv", "/root/ml-env")
-        cli("-l", "third", "probe", "import", f"os{every}", "--venv", "/root/ml-env")
-        cli("-l", "third", "probe", "http", f"/health{every}", "--timeout", "2")
-        cli("-l", "third", "drift", "--venv", f"/root/ml-env{evil[0]}")
-        hosts = cli("-vv", "hosts", "--json").json()
+        ok_everywhere(cli("-vv", "ping", "--json"))
+        assert {v["stdout"] for v in ok_everywhere(cli("shell", "--json", "echo ok")).values()} == {"ok\n"}
+        facts = ok_everywhere(cli("-vv", "facts", "--json"))
+        assert {f["hostname"] for f in facts.values()} == set(lab.hosts)
+        # probes: the payloads as grep terms, the hostile venv for grep, symbol, import and script
+        grep = ok_everywhere(cli("probe", "grep", *evil, "--package", "hostilepkg", "--venv", venv, "--json"))
+        for host, value in grep.items():
+            assert json.dumps(value).count("spec.py") >= 1, (host, value)
+        symbol = ok_everywhere(cli("probe", "symbol", "Hostile.NAME", "--package", "hostilepkg", "--venv", venv,
+                                   "--expect", "present", "--json"))
+        assert all(json.dumps(v).count("spec.py") for v in symbol.values()), symbol
+        imported = ok_everywhere(cli("probe", "import", "hostilepkg.spec:Hostile.NAME", "--venv", venv,
+                                     "--expect", "present", "--json"))
+        for host, value in imported.items():
+            assert value["imported"] and value["file"].startswith(venv + "/lib/"), (host, value)
+            assert value["dist"] == "hostilepkg" and value["python"] == venv + "/bin/python", (host, value)
+        script = tmp_path / "echo_args.py"
+        script.write_text("import json, os, sys\nprint(json.dumps({'args': json.loads(os.environ['FLEETCTL_ARGS']), "
+                          "'python': sys.executable, 'argv': sys.argv[1:]}))\n")
+        echoed = ok_everywhere(cli("probe", "script", str(script), "--arg", f"evil={every}", "--venv", venv, "--json"))
+        for host, value in echoed.items():
+            assert value["json"]["args"] == {"evil": every}, (host, value)
+            assert value["json"]["python"].startswith(venv + "/bin/python"), (host, value)
+        # drift: the same hostile venv on every host, against a hostile-named baseline, every file verified
+        cli("drift", "--venv", venv, "--baseline", names[0], "--verify-files", "--json")
+        hosts = cli("-vv", "hosts", "--json")
         row = next(h for h in hosts["hosts"] if h["name"].startswith("`"))
         assert (row["vars"]["HF_TOKEN"], row["vars"]["DB_PASS"]) == (MASK, MASK)
         cli("hosts")
+        # run: a playbook with hostile paths and values
+        book = tmp_path / "hostile.yml"
+        book.write_text(PLAYBOOK % names[0].replace("\\", "\\\\").replace('"', '\\"'))
+        cli("run", str(book), "--json")
+        for host in lab.hosts:
+            copied = lab.ssh(host, f"cat {shlex.quote(venv + '/copied.txt')}").stdout
+            assert copied == evil[3] + evil[4], host
+            assert lab.ssh(host, "cat /root/hostile-pwd").stdout == venv + "\n", host
 
         # a release whose args and env carry metacharacters, and a secret from the inventory
         spec = write_spec(tmp_path, "hostile", f"""\
@@ -96,13 +205,11 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
               env: {{HF_TOKEN: "{{{{ HF_TOKEN }}}}", EVIL: {json.dumps(evil[0] + evil[1] + evil[2] + evil[4])}}}
             health: {{timeout: 30, interval: 0.2}}
             """, base=TINY, sglang=False)
-        check = cli("-vv", "-l", "third", "deploy", str(spec), "--check", "--diff")
-        assert check.rc == 0, check.out + check.err
-        assert f"HF_TOKEN='{MASK}'" in check.out
-        assert cli("-l", "third", "deploy", str(spec), "--check", "--json").rc == 0
+        cli("-vv", "-l", "third", "deploy", str(spec), "--check", "--diff")
         assert f"HF_TOKEN='{MASK}'" in seen[-1].out
-        done = cli("-vv", "-l", "third", "deploy", str(spec), "--json")
-        assert done.rc == 0, done.out + done.err
+        cli("-l", "third", "deploy", str(spec), "--check", "--json")
+        assert f"HF_TOKEN='{MASK}'" in seen[-1].out
+        cli("-vv", "-l", "third", "deploy", str(spec), "--json")
         # on the host: the secret only in service.env (0600), the service got every value literally
         assert lab.ssh("lab3", "stat -c %a /opt/fleetctl/current/service.env").stdout.strip() == "600"
         environ = lab.ssh("lab3", "cat /proc/$(head -1 /var/lib/fleetctl/service/sglang.pid)/environ").stdout
@@ -111,18 +218,31 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
         info = lab.ssh("lab3", "/usr/bin/python3 -c \"import urllib.request as u; print(u.urlopen('http://"
                                f"{lab.addresses['lab3']}:30000/server_info', timeout=5).read().decode())\"").stdout
         assert json.loads(info)["fleetctl_standin"]["launch_args"] == ["--model-path", "/m" + evil[1] + evil[2]]
-        assert cli("-vv", "-l", "third", "status", "--json").rc == 0
+        # http: a path with shell payloads (no spaces: ${IFS}), answered by the service just deployed
+        path = f"/server_info?a=$(touch${{IFS}}{marker})&b=`touch${{IFS}}{marker}`&c=;touch${{IFS}}{marker}|x"
+        http = cli("-l", "third", "probe", "http", path, "--expect-status", "200", "--json")
+        answer = ok_everywhere(http, [as_named["lab3"]])[as_named["lab3"]]
+        assert answer["status"] == 200 and answer["path"] == path, answer
+        cli("-vv", "-l", "third", "status", "--json")
         # -vv debug logging in a real process (in-process runs share pytest's logging handlers)
         for args in (["hosts"], ["-l", "third", "deploy", str(spec), "--json"]):
             proc = subprocess.run([FLEETCTL, "-vv", "-i", str(inv), *args], capture_output=True, text=True)
             assert proc.returncode == 0, proc.stderr[-2000:]
             assert "DEBUG" in proc.stderr or args == ["hosts"]  # paramiko's debug log of the connection
             seen.append(CliRun(proc.returncode, proc.stdout, proc.stderr))
-        assert cli("-vv", "-l", "third", "rollback").rc == 2  # nothing to roll back to: refused, said so
+        cli("-vv", "-l", "third", "rollback", rc=2)  # nothing to roll back to: refused, said so
+        # the check can see a marker: one made on purpose (shell runs shell) is found where it was made
+        control = f"{marker}-control"
+        cli("-l", "third", "shell", f"touch /root/{Path(control).name}")
+        assert markers_found(lab, control) == [f"lab3:/root/{Path(control).name}"]
     finally:
         lab.ssh("lab3", "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
                         f"rm -rf /opt/fleetctl /var/lib/fleetctl {TINY}; true")
+        for host in lab.hosts:
+            lab.ssh(host, f"rm -f /root/{Path(marker).name}-control; true")
+            remove_hostile_venv(lab, host)
         inv.unlink()
+    assert all(site.startswith(venv + "/lib/python3") for site in sites.values()), sites
     for r in seen:
         assert TOKEN not in r.out + r.err and PASSWORD not in r.out + r.err, (r.out + r.err)[-2000:]
     assert_nothing_ran(lab, marker)

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_support import run_cli
+from cli_support import run_cli, wall_clock
 from lab_support import REPO, LabHandle
 
 pytestmark = pytest.mark.lab
@@ -53,15 +53,20 @@ def test_shell_100mb_and_endless_output_bounded_and_ended_by_timeout(lab_fleet: 
     assert "bytes of output left out]" in text and len(text) < 2 * MB
     assert big < small + 40 * MB < 150 * MB, (small, big)
     # never ends, prints without end, and starts a child that would outlive it: -T ends all of it
-    rc, out, endless = _fleetctl(lab_fleet, "-T", "3", "-l", "lab1,lab2", "shell", "--json",
-                                 'if [ "$(hostname)" = lab1 ]; then sleep 3797 & yes fleetctl-flood; fi; echo quick')
+    with wall_clock() as took:
+        rc, out, endless = _fleetctl(
+            lab_fleet, "-T", "3", "-l", "lab1,lab2", "shell", "--json",
+            'if [ "$(hostname)" = lab1 ]; then sleep 3797 & yes fleetctl-flood; fi; echo quick')
+    assert took.seconds < 3 + 60, took  # the timeout, not the command (an hour), ended it: a wide margin
     doc = json.loads(out)["hosts"]
     assert rc == 2
     assert doc["lab1"]["status"] == "failed" and "timed out" in doc["lab1"]["reason"]
     assert doc["lab2"]["status"] == "ok" and doc["lab2"]["value"]["stdout"] == "quick\n"
     assert endless < small + 40 * MB, (small, endless)
     assert _no_process("sleep 3797") and _no_process("yes fleetctl-flood")
-    human = run_cli_text(lab_fleet, "-T", "2", "-l", "lab1", "shell", "sleep 3798")
+    with wall_clock() as took:
+        human = run_cli_text(lab_fleet, "-T", "2", "-l", "lab1", "shell", "sleep 3798")
+    assert took.seconds < 2 + 60, took
     assert "lab1" in human and "timed out" in human
     assert _no_process("sleep 3798")
 
@@ -84,7 +89,9 @@ def test_probe_script_flood_bounded_and_timeout(lab_fleet: LabHandle, tmp_path: 
     assert doc["value"]["stdout_truncated"] is True and len(doc["value"]["text"]) == MB
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nprint('started', flush=True)\ntime.sleep(3799)\n")
-    rc, out, _ = _fleetctl(lab_fleet, "-T", "2", "-l", "lab1", "probe", "script", str(hang), "--json")
+    with wall_clock() as took:
+        rc, out, _ = _fleetctl(lab_fleet, "-T", "2", "-l", "lab1", "probe", "script", str(hang), "--json")
+    assert took.seconds < 2 + 60, took
     doc = json.loads(out)["hosts"]["lab1"]
     assert rc == 2 and doc["reason"] == "timed out after 2s (killed)"
     assert doc["value"]["text"] == "started\n"

@@ -12,12 +12,12 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
 from jinja2 import Environment, StrictUndefined, TemplateError, Undefined
-from jinja2.nativetypes import NativeEnvironment
+from jinja2.nativetypes import NativeEnvironment, NativeTemplate, native_concat
 from packaging.version import InvalidVersion, Version
 
 
@@ -51,9 +51,30 @@ def _result_flag(key: str, want: bool = True) -> Any:
     return test
 
 
+def _concat(values: Iterable[Any]) -> Any:
+    """Native types (numbers, lists, booleans), but a string stays the text the template made: Jinja's
+    own concat would literal_eval it too, so a value holding quotes lost them (`'a'"b"` became `ab`)."""
+    parts = list(values)
+    out = native_concat(parts)
+    if isinstance(out, str):
+        return parts[0] if len(parts) == 1 else "".join(str(v) for v in parts)
+    return out
+
+
+class _Environment(NativeEnvironment):
+    concat = staticmethod(_concat)
+
+
+class _Template(NativeTemplate):
+    environment_class = _Environment
+
+
+_Environment.template_class = _Template
+
+
 @lru_cache(maxsize=1)
 def environment() -> NativeEnvironment:
-    env = NativeEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    env = _Environment(undefined=StrictUndefined, keep_trailing_newline=True)
     _extend(env)
     return env
 

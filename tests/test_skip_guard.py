@@ -1,0 +1,131 @@
+"""The skip guard (tests/skip_guard.py) itself: a run that skipped, deselected or lost the lab fails.
+
+Each case runs pytest in a child process; the last two run a real lab test of this suite with the
+lab check pointed at a missing unshare (the run must fail) and with the lab as it is (it must pass).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lab_support import LabHandle
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+CONFTEST = """\
+import skip_guard
+
+skip_guard.ALLOWED_SKIPS.clear()
+skip_guard.ALLOWED_SKIPS["test_inner.py::test_allowed"] = ("no widget here", "widgets are rare")
+
+
+def pytest_addoption(parser):
+    skip_guard.pytest_addoption(parser)
+
+
+def pytest_configure(config):
+    skip_guard.pytest_configure(config)
+"""
+INNER = """\
+import pytest
+
+
+def test_plain():
+    pass
+
+
+def test_allowed():
+    pytest.skip("no widget here today")
+
+
+@pytest.mark.lab
+def test_in_the_lab():
+    pass
+"""
+
+
+def _pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    child_env = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    child_env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=cwd, env=child_env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def inner(tmp_path: Path) -> Path:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    lab: lab\n")
+    return tmp_path
+
+
+def test_allowed_skip_passes_and_says_why(inner: Path) -> None:
+    r = _pytest(inner)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "test_inner.py::test_allowed: no widget here today" in r.stdout
+    assert "allowed because: widgets are rare" in r.stdout
+
+
+def test_unexpected_skip_fails_the_run(inner: Path) -> None:
+    (inner / "test_more.py").write_text("import pytest\n\ndef test_gone():\n    pytest.skip('gcc missing')\n")
+    r = _pytest(inner)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "test_more.py::test_gone skipped: gcc missing (not on tests/skip_allowlist.py)" in r.stdout
+    assert "2 passed, 2 skipped" in r.stdout  # pytest alone would exit 0 here
+
+
+def test_unexpected_skipif_and_module_skip_fail_the_run(inner: Path) -> None:
+    (inner / "test_more.py").write_text("import pytest\n\n@pytest.mark.skipif(True, reason='no 3.8')\n"
+                                        "def test_old():\n    pass\n")
+    (inner / "test_mod.py").write_text("import pytest\npytest.importorskip('no_such_module_here')\n")
+    r = _pytest(inner)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "test_more.py::test_old skipped: no 3.8" in r.stdout
+    assert "test_mod.py skipped: could not import 'no_such_module_here'" in r.stdout
+
+
+def test_deselection_fails_a_whole_suite_run_only(inner: Path) -> None:
+    assert _pytest(inner, "-k", "not plain").returncode == 0  # a targeted run may narrow itself
+    r = _pytest(inner, "--whole-suite", "--min-lab-passed", "1", "-k", "not plain")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "test_inner.py::test_plain deselected" in r.stdout
+
+
+def test_whole_suite_needs_the_lab_tests_to_pass(inner: Path) -> None:
+    ok = _pytest(inner, "--whole-suite", "--min-lab-passed", "1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "lab tests passed: 1 of 1 (at least 1)" in ok.stdout
+    short = _pytest(inner, "--whole-suite", "--min-lab-passed", "2")
+    assert short.returncode == 1
+    assert "only 1 of 1 lab tests passed (at least 2 must)" in short.stdout
+
+
+def test_lab_fixture_without_the_lab_marker_fails(inner: Path) -> None:
+    (inner / "test_more.py").write_text("import pytest\n\n@pytest.fixture\ndef lab_fleet():\n    return 1\n\n"
+                                        "def test_sneaky(lab_fleet):\n    pass\n")
+    r = _pytest(inner)
+    assert r.returncode == 1
+    assert "test_more.py::test_sneaky uses the lab but is not marked `lab`" in r.stdout
+
+
+LAB_TEST = "tests/test_lab.py::test_each_host_answers_with_its_own_hostname"
+
+
+@pytest.mark.lab
+def test_a_broken_lab_fails_the_real_suite(lab_fleet: LabHandle) -> None:
+    """The real conftest and a real lab test: unshare missing -> the run fails and says why."""
+    broken = _pytest(REPO, LAB_TEST, "--whole-suite", "--min-lab-passed", "1",
+                     env={"FLEETCTL_TEST_UNSHARE": "/nonexistent/unshare"})
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "1 skipped" in broken.stdout  # pytest alone would have called this run green
+    assert f"{LAB_TEST} skipped: the lab needs /nonexistent/unshare (util-linux)" in broken.stdout
+    assert ("only 0 of 1 lab tests passed (at least 1 must): the lab needs /nonexistent/unshare (util-linux)"
+            in broken.stdout)
+    # the control: the same run with the lab as it is passes (it joins the session's running lab)
+    working = _pytest(REPO, LAB_TEST, "--whole-suite", "--min-lab-passed", "1")
+    assert working.returncode == 0, working.stdout + working.stderr
+    assert "lab tests passed: 1 of 1 (at least 1)" in working.stdout
