@@ -178,3 +178,34 @@ def test_launch_args_not_validated_is_said_where_sglang_cannot_import(
                            "/root/ml-env: ModuleNotFoundError: No module named")
     doc = cli(capsys, release_free_lab, "-l", "lab1", "deploy", str(DDTREE), "--check", "--json").json()
     assert doc["hosts"]["lab1"]["value"]["launch"]["validated"] is False
+
+
+def test_launch_args_rendered_per_host_from_one_spec(release_free_lab: LabHandle, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """service.args and gpus are templates of each host's variables: lab1 and lab3 get their own
+    --tp and GPU list from one spec, whose release id is the same on both."""
+    from lab_support import user_inventory
+
+    inv = user_inventory(release_free_lab, tmp_path / "inv.yml", "root", {
+        "lab1": {"tp_size": 4, "gpu_list": "0,1,2,3"}, "lab3": {"tp_size": 8, "gpu_list": "0,1,2,3,4,5,6,7"}})
+    spec = tmp_path / "per-host.yml"
+    spec.write_text('name: per-host\nversion: "1"\nbase: {adopt: /root/ml-env}\nrequires: {sglang: "==0.5.23"}\n'
+                    "service:\n  standin: true\n  args: [--speculative-algorithm, DFLASH, --tp, \"{{ tp_size }}\"]\n"
+                    '  gpus: "{{ gpu_list }}"\nhealth: {timeout: 30, interval: 0.2}\n')
+    hosts = ("-l", "lab1,lab3")
+    plan = run_cli(capsys, "-i", str(inv), *hosts, "deploy", str(spec), "--check", "--diff", "--json")
+    assert plan.rc == 0, plan.out + plan.err
+    diffs = {h: v["value"]["diffs"] for h, v in plan.json()["hosts"].items()}
+    assert diffs["lab1"]["service.command"].endswith(" --tp 4\n")
+    assert diffs["lab3"]["service.command"].endswith(" --tp 8\n")
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3\n" in diffs["lab1"]["service.env"]
+    assert {v["release_id"] for v in (h["value"] for h in plan.json()["hosts"].values())} == {
+        load_spec(spec).release_id}
+    r = run_cli(capsys, "-i", str(inv), *hosts, "deploy", str(spec))
+    assert r.rc == 0, r.out + r.err
+    status = run_cli(capsys, "-i", str(inv), *hosts, "status", "--json").json()["hosts"]
+    tp = {h: v["value"]["argv"][v["value"]["argv"].index("--tp") + 1] for h, v in status.items()}
+    assert tp == {"lab1": "4", "lab3": "8"}
+    missing = user_inventory(release_free_lab, tmp_path / "bare.yml", "root", {"lab1": {"gpu_list": "0"}})
+    bad = run_cli(capsys, "-i", str(missing), "-l", "lab1", "deploy", str(spec), "--check")
+    assert bad.rc == 2 and bad.err == f"lab1: failed: {spec}: service.args[3]: 'tp_size' is undefined\n", bad.err

@@ -12,10 +12,11 @@ import difflib
 import getpass
 import json
 import os
+import shlex
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from fleetctl.release.service import (
     STANDIN,
     STANDIN_NAME,
     HostLayout,
+    command,
     control,
     env_file,
     layout_for,
@@ -170,7 +172,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
         result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke, rebuilt=who.why)
         kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
         if check:
-            result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars))
+            result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars), layout=layout)
             result.launch = launch_args_fit(session, spec, layout, base_venv, patched_overlay(base["site"], files))
             return result
         unchanged = state.get("current") == rid and service_running(session, layout)
@@ -261,13 +263,17 @@ def apply_patches(host: str, loaded: Loaded, base: dict[str, Any]) -> dict[str, 
 
 
 def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
-          kernels: ReleaseKernels | None = None, host_vars: dict[str, Any] | None = None) -> dict[str, str]:
+          kernels: ReleaseKernels | None = None, host_vars: dict[str, Any] | None = None,
+          layout: HostLayout | None = None) -> dict[str, str]:
     out = {}
     for path, text in sorted(files.items()):
         old = base["files"].get(path) or ""
         out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
                                                  f"a/{path}", f"b/{path}"))
     out["service.env"] = env_file(spec, kernels.env if kernels else None, host_vars)
+    if layout is not None:  # the launch command as this host renders it (its vars, secrets masked)
+        shown = replace(layout, host_vars=host_vars or {})
+        out["service.command"] = " ".join(shlex.quote(a) for a in command(spec, shown)) + "\n"
     if kernels:  # fleetctl kernels
         out["kernels/configs"] = kernels.describe()
     return out

@@ -68,6 +68,7 @@ class HostStatus:
     service: dict[str, Any]
     health: str
     canary: dict[str, Any] | None = None  # the current release's warm-up numbers on this host
+    argv: list[str] = field(default_factory=list)  # the launch command as rendered for this host (masked)
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -89,6 +90,9 @@ def status_host(session: HostSession, state: dict[str, Any] | None = None) -> Ho
         health = str(answer.status) if answer.status else str(answer.error_kind)
     service.pop("log_tail", None)
     from fleetctl.release import warmup
+    from fleetctl.secrets import mask_values, secret_values
 
+    hidden = secret_values(session.vars)
+    argv = [mask_values(str(a), hidden) for a in stored.get("command") or []]
     return HostStatus(session.name, state.get("current"), state.get("previous"), [r["id"] for r in state["releases"]],
-                      service, health, warmup.load(session, layout, state.get("current")))
+                      service, health, warmup.load(session, layout, state.get("current")), argv)

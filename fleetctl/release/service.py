@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl import hostpaths
@@ -30,6 +30,8 @@ class HostLayout:
     service_host: str | None = None
     service_port: int | None = None
     service_manager: str | None = None
+    # The host's variables: the spec's service.args, gpus and env are templates rendered with them.
+    host_vars: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def current(self) -> str:
@@ -47,7 +49,14 @@ def layout_for(host_vars: dict[str, object]) -> HostLayout:
         raise InputError(f"service_manager must be systemd or process, got {manager!r}")
     return HostLayout(hostpaths.root(host_vars), hostpaths.state_dir(host_vars),
                       str(host_vars["service_host"]) if host_vars.get("service_host") else None,
-                      int(str(port)) if port else None, str(manager) if manager else None)
+                      int(str(port)) if port else None, str(manager) if manager else None, host_vars)
+
+
+def launch_args(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
+    """The spec's ``service.args``, each a Jinja2 template rendered with this host's variables
+    (``--tp, "{{ tp_size }}"``): one spec, the same release id, per-host launch arguments."""
+    return [render_value(spec, f"service.args[{i}]", arg, layout.host_vars)
+            for i, arg in enumerate(spec.model.service.args)]
 
 
 def listen(spec: ReleaseSpec, layout: HostLayout) -> tuple[str, int]:
@@ -59,10 +68,11 @@ def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
     svc = spec.model.service
     python = f"{layout.current}/venv/bin/python"
     host, port = listen(spec, layout)
-    where = [] if {"--host", "--port"} & set(svc.args) else ["--host", host, "--port", str(port)]
+    args = launch_args(spec, layout)
+    where = [] if {"--host", "--port"} & set(args) else ["--host", host, "--port", str(port)]
     if svc.standin:  # lab hosts have no GPU: fleetctl's stand-in answers SGLang's health surface
-        return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *where, "--", *svc.args]
-    return [python, "-m", svc.module, *svc.args, *where]
+        return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *where, "--", *args]
+    return [python, "-m", svc.module, *args, *where]
 
 
 def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
@@ -71,9 +81,9 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
     the host's inventory variables (``HF_TOKEN: "{{ HF_TOKEN }}"``); the file is 0600 on the host, and
     callers that show it pass vars with secrets masked."""
     svc = spec.model.service
-    env = {key: render_value(spec, key, value, host_vars) for key, value in svc.env.items()}
+    env = {key: render_value(spec, f"service.env.{key}", value, host_vars) for key, value in svc.env.items()}
     if svc.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = svc.gpus
+        env["CUDA_VISIBLE_DEVICES"] = render_value(spec, "service.gpus", svc.gpus, host_vars)
     env.update(extra or {})
     lines = [f"# fleetctl release {spec.release_id}"]
     for key, value in sorted(env.items()):
@@ -92,7 +102,7 @@ def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str
         return Environment(undefined=StrictUndefined, autoescape=False).from_string(value).render(
             dict(host_vars or {}))
     except TemplateError as exc:
-        raise InputError(f"{spec.path}: service.env.{key}: {exc}") from None
+        raise InputError(f"{spec.path}: {key}: {exc}") from None
 
 
 def _quote(value: str) -> str:
