@@ -241,6 +241,7 @@ def systemd(op, params):
             handle.write(params["unit"])
         os.rename(path + ".tmp", path)
         run(["systemctl", "daemon-reload"])
+        run(["systemctl", "enable", unit])  # comes back after a reboot (the unit's [Install] section)
     if op == "status":
         proc = run(["systemctl", "is-active", unit], check=False)
         return {"manager": "systemd", "running": proc.stdout.strip() == "active", "state": proc.stdout.strip()}
