@@ -209,3 +209,17 @@ def test_launch_args_rendered_per_host_from_one_spec(release_free_lab: LabHandle
     missing = user_inventory(release_free_lab, tmp_path / "bare.yml", "root", {"lab1": {"gpu_list": "0"}})
     bad = run_cli(capsys, "-i", str(missing), "-l", "lab1", "deploy", str(spec), "--check")
     assert bad.rc == 2 and bad.err == f"lab1: failed: {spec}: service.args[3]: 'tp_size' is undefined\n", bad.err
+
+
+def test_logs_show_each_hosts_server_log(release_free_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, release_free_lab, "-l", "lab1,lab3", "deploy", str(PLAIN)).rc == 0
+    r = cli(capsys, release_free_lab, "-l", "lab1,lab3", "logs", "-n", "5", "--json")
+    assert r.rc == 0, r.out + r.err
+    for host in ("lab1", "lab3"):
+        value = r.json()["hosts"][host]["value"]
+        assert value["source"].endswith("/var/lib/fleetctl/service/sglang.log")
+        assert any(" start: " in line and "sglang_standin.py" in line for line in value["lines"])
+        assert len(value["lines"]) <= 5
+    none = cli(capsys, release_free_lab, "-l", "lab2", "logs", "--json")
+    assert none.rc == 2 and none.json()["hosts"]["lab2"]["reason"] == (
+        "no server log at /var/lib/fleetctl/service/sglang.log (no release started here)")

@@ -27,7 +27,7 @@ COMMANDS = {
     "releases": "fleetctl.cli.release:releases", "run": "fleetctl.cli.run:run", "runs": "fleetctl.cli.run:runs",
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
-    "vault": "fleetctl.cli.vault:vault", "report": "fleetctl.cli.report:report",
+    "vault": "fleetctl.cli.vault:vault", "report": "fleetctl.cli.report:report", "logs": "fleetctl.cli.release:logs",
 }
 
 

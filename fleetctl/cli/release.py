@@ -214,3 +214,24 @@ def remove_release(app: AppContext, release_id: str) -> int:
         render.print_failures(results)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)
+
+
+@click.command()
+@click.option("-n", "--lines", type=click.IntRange(1, 10000), default=50, show_default=True,
+              help="How many of the last lines.")
+@click.option("--since", metavar="TIME", help="Only lines since TIME (journalctl's --since; systemd hosts).")
+@host_options
+@click.pass_obj
+def logs(app: AppContext, lines: int, since: str | None) -> int:
+    """The inference server's last log lines on every host; identical lines gathered (like shell)."""
+    from fleetctl import adhoc
+    from fleetctl.release.logs import service_logs
+
+    with app.fleet(read_only=True) as fleet:
+        results = fleet.map(lambda ctx: service_logs(ctx, lines, since))
+    if app.json:
+        render.emit_json(render.results_json(results, lambda r: {"source": r.command, "lines": r.stdout.splitlines()}))
+    else:
+        render.print_blocks(adhoc.gather(results))
+        render.console().print(render.summary_line(results))
+    return exit_code_for(results)

@@ -23,6 +23,8 @@ def main(params):
     manager = params.get("manager") or detect()
     if op == "detect":
         return {"manager": detect()}
+    if op == "logs":
+        return logs(params, manager)
     handler = {"start": start, "stop": stop, "restart": restart, "status": status}.get(op)
     if handler is None:
         raise ValueError("unknown service op %r" % (op,))
@@ -122,10 +124,27 @@ def tail(path, lines=15):
     try:
         with open(path, "rb") as handle:
             handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 8192))
+            handle.seek(max(0, handle.tell() - max(8192, lines * 400)))
             return handle.read().decode("utf-8", "replace").splitlines()[-lines:]
     except (IOError, OSError):
         return []
+
+
+def logs(params, manager):
+    """The server's last ``lines`` log lines: its journal under systemd (``since`` passed to
+    journalctl), else the supervisor's log file. Reads only."""
+    lines = max(1, min(int(params.get("lines") or 50), 10000))
+    if manager == "systemd":
+        unit = (params.get("name") or "sglang") + ".service"
+        argv = ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "short-iso"]
+        if params.get("since"):
+            argv += ["--since", str(params["since"])]
+        proc = run(argv, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError("journalctl exited %d: %s" % (proc.returncode, proc.stderr.strip()[-300:]))
+        return {"source": "journal " + unit, "lines": proc.stdout.splitlines()}
+    log = paths(params)[1]
+    return {"source": log, "lines": tail(log, lines), "exists": os.path.exists(log)}
 
 
 def start(params):
