@@ -28,13 +28,17 @@ def agent() -> AgentClient:
 
 def test_remote_modules_are_stdlib_python38() -> None:
     allowed = set(sys.stdlib_module_names)
+    # launch_args.py runs in a release venv to import that venv's own sglang parser (and says so
+    # when it cannot): the one host-side module allowed an import outside the stdlib.
+    exceptions = {"launch_args.py": {"sglang"}}
     for path in sorted(REMOTE.glob("*.py")):
         tree = ast.parse(path.read_text(), feature_version=(3, 8))
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
-                assert name.split(".")[0] in allowed, f"{path.name} imports non-stdlib {name}"
+                top = name.split(".")[0]
+                assert top in allowed | exceptions.get(path.name, set()), f"{path.name} imports non-stdlib {name}"
 
 
 def test_many_requests_share_one_process(agent: AgentClient) -> None:
