@@ -184,6 +184,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
         rid = result.release_id
         unchanged = base["state"].get("current") == rid and service_running(session, layout)
         if stage_only:
+            result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
             result.verified = stagelib.record_staged(session, layout, rid, spec, base["site"],

@@ -51,9 +51,10 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
     if staging and not mc.check:
         built = bool(result.build.get("built"))
         note = f"; {result.note}" if result.note else ""
-        how = "built" if built else "already built"
-        return TaskResult(changed=built, data=data, msg=f"staged {result.release_id} ({how}, {result.verified} "
-                                                         f"files verified, not switched){note}")
+        how = "built" if built else "already staged" if result.staged else "already built"
+        return TaskResult(changed=not result.staged, data=data,
+                          msg=f"staged {result.release_id} ({how}, {result.verified} files verified, not switched)"
+                              f"{note}")
     if mc.check:
         changed = result.previous != spec.release_id
         diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
