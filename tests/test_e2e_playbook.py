@@ -138,9 +138,11 @@ def test_repo_playbooks_provision_roll_out_audit_and_roll_back(lab: LabHandle, t
     assert len(deployed) == 4 and all("from its staged build" in e["msg"] for e in deployed)
     assert [e["releases"] for e in events if e["event"] == "recorded"][-1] == dict.fromkeys(HOSTS, plain_id())
     assert all(doc["recap"][h]["changed"] == 2 and doc["recap"][h]["failed"] == 0 for h in HOSTS)
-    # the canary finished every task before any other host started
-    first_other = next(i for i, e in enumerate(events) if e.get("host") in ("lab2", "lab3", "lab4"))
-    canary_done = next(i for i, e in enumerate(events) if e["event"] == "host_done" and e["host"] == "lab1")
+    # in the rollout play, the canary finished every task before any other host started
+    first_other = next(i for i, e in enumerate(events) if e.get("host") in ("lab2", "lab3", "lab4")
+                       and e.get("play") == 1)
+    canary_done = next(i for i, e in enumerate(events) if e["event"] == "host_done" and e["host"] == "lab1"
+                       and e["play"] == 1)
     assert canary_done < first_other
     # the journal reads back
     listed = run_cli(capsys, "-i", str(lab.inventory_path), "runs", "list", "--json").json()
