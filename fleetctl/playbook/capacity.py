@@ -27,7 +27,7 @@ from fleetctl.transport.base import HostResult
 from fleetctl.transport.fleet import Fleet, HostContext
 
 if TYPE_CHECKING:
-    from fleetctl.playbook.runner import Runner
+    from fleetctl.playbook.runner import Rollout, Runner
     from fleetctl.playbook.schema import Play, Task
     from fleetctl.release.spec import ReleaseSpec
 
@@ -87,6 +87,49 @@ def deadline_why(play: Play, batch: int, task: Task | None, stuck: list[str]) ->
     at = f" at task {task.name!r}" if task else ""
     still = f" (still running: {', '.join(stuck)})" if stuck else ""
     return f"progress_deadline {play.model.progress_deadline:g}s exceeded in batch {batch}{at}{still}"
+
+
+# -- between batches -----------------------------------------------------------------------------
+
+def between_batches(runner: Runner, ro: Rollout, b: int) -> None:
+    """The pause (ended early by Ctrl-C or the deadline), then the soak re-check of batch ``b``."""
+    play, model = ro.play, ro.play.model
+    if model.pause_between_batches:
+        left = None if runner.deadline is None else max(0.0, runner.deadline - time.monotonic())
+        runner.wait(model.pause_between_batches if left is None else min(left, model.pause_between_batches))
+        if runner.deadline is not None and time.monotonic() >= runner.deadline:
+            runner.halt(ro, b - 1, deadline_why(play, b, None, []) + " (in the pause after it)")
+    if runner.stopping or not (model.recheck_after_pause and play.has_module("release")) or runner.options.check:
+        return
+    passed = [h for h in ro.plan[b - 1] if h not in ro.failed]
+    if not passed:
+        return
+    bad = recheck(runner, play, passed)
+    runner.emit("soak", play=play.index, batch=b, hosts=passed, failed=bad)
+    for host, why in bad.items():
+        runner.recap[host]["failed"] += 1
+        runner.results.setdefault(host, []).append({"play": play.index, "task": None, "name": "soak re-check",
+                                                  "host": host, "status": "failed", "msg": why})
+        runner.emit("host_done", play=play.index, host=host, status="failed")
+    if bad:
+        ro.failed += list(bad)
+        runner.halt(ro, b - 1, f"soak re-check failed after batch {b}: " + "; ".join(
+            f"{h}: {w}" for h, w in bad.items()))
+
+
+def check_capacity(runner: Runner, ro: Rollout, b: int, hosts: list[str]) -> None:
+    model = ro.play.model
+    if model.min_healthy is None or runner.options.check:
+        return
+    need = floor(model.min_healthy, len(hosts))
+    up = serving(runner, ro.play, hosts)
+    batch = ro.plan[b]
+    live = [h for h in hosts if up.get(h)]
+    runner.emit("capacity", play=ro.play.index, batch=b + 1, serving=live,
+                down=[h for h in hosts if not up.get(h)], min_healthy=model.min_healthy, need=need)
+    why = below_floor(need, live, batch, model.min_healthy, len(hosts))
+    if why:
+        runner.halt(ro, b - 1, f"{why}: batch {b + 1} ({', '.join(batch)}) not started", before_batch=True)
 
 
 # -- the release's health, asked of hosts ---------------------------------------------------------

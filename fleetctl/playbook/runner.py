@@ -61,7 +61,7 @@ class PlaybookStopped(Exception):
 
 
 @dataclass
-class _Rollout:
+class Rollout:
     """One play's rollout as it goes: its batches, budgets, the hosts tried and failed so far."""
 
     play: Play
@@ -136,6 +136,10 @@ class Runner:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def wait(self, seconds: float) -> None:
+        """Sleep (a pause between batches), ended early by Ctrl-C."""
+        self._stop.wait(seconds)
+
     def emit(self, kind: str, **fields: Any) -> None:
         shown = self.journal.event(kind, **fields)
         if self.listener:
@@ -202,13 +206,13 @@ class Runner:
         self.open_hosts(play, hosts)
         self.deadline = time.monotonic() + model.progress_deadline if model.progress_deadline else None
         recorded = releases.record_releases(self, play, hosts) if play.has_module("release") else {}
-        rollout_ = _Rollout(play, rollout.batches(hosts, model.serial), recorded)
+        rollout_ = Rollout(play, rollout.batches(hosts, model.serial), recorded)
         for b, batch in enumerate(rollout_.plan):
             if b:
-                self.between_batches(rollout_, b)
+                capacity.between_batches(self, rollout_, b)
             if self.stopping:
                 self.interrupted(play, b + 1, None, [h for bb in rollout_.plan[b:] for h in bb])
-            self.check_capacity(rollout_, b, hosts)
+            capacity.check_capacity(self, rollout_, b, hosts)
             self.emit("batch_start", play=play.index, batch=b + 1, batches=len(rollout_.plan), hosts=batch)
             rollout_.attempted += batch
             try:
@@ -228,46 +232,7 @@ class Runner:
         return any(r["status"] in ("failed", "unreachable") and r["play"] == play.index
                    for r in self.results.get(host, []))
 
-    def between_batches(self, ro: _Rollout, b: int) -> None:
-        """The pause (ended early by Ctrl-C or the deadline), then the soak re-check of batch ``b``."""
-        play, model = ro.play, ro.play.model
-        if model.pause_between_batches:
-            left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-            self._stop.wait(model.pause_between_batches if left is None else min(left, model.pause_between_batches))
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                self.halt(ro, b - 1, capacity.deadline_why(play, b, None, []) + " (in the pause after it)")
-        if self.stopping or not (model.recheck_after_pause and play.has_module("release")) or self.options.check:
-            return
-        passed = [h for h in ro.plan[b - 1] if h not in ro.failed]
-        if not passed:
-            return
-        bad = capacity.recheck(self, play, passed)
-        self.emit("soak", play=play.index, batch=b, hosts=passed, failed=bad)
-        for host, why in bad.items():
-            self.recap[host]["failed"] += 1
-            self.results.setdefault(host, []).append({"play": play.index, "task": None, "name": "soak re-check",
-                                                      "host": host, "status": "failed", "msg": why})
-            self.emit("host_done", play=play.index, host=host, status="failed")
-        if bad:
-            ro.failed += list(bad)
-            self.halt(ro, b - 1, f"soak re-check failed after batch {b}: " + "; ".join(
-                f"{h}: {w}" for h, w in bad.items()))
-
-    def check_capacity(self, ro: _Rollout, b: int, hosts: list[str]) -> None:
-        model = ro.play.model
-        if model.min_healthy is None or self.options.check:
-            return
-        need = capacity.floor(model.min_healthy, len(hosts))
-        up = capacity.serving(self, ro.play, hosts)
-        batch = ro.plan[b]
-        serving = [h for h in hosts if up.get(h)]
-        self.emit("capacity", play=ro.play.index, batch=b + 1, serving=serving,
-                  down=[h for h in hosts if not up.get(h)], min_healthy=model.min_healthy, need=need)
-        why = capacity.below_floor(need, serving, batch, model.min_healthy, len(hosts))
-        if why:
-            self.halt(ro, b - 1, f"{why}: batch {b + 1} ({', '.join(batch)}) not started", before_batch=True)
-
-    def halt(self, ro: _Rollout, b: int, why: str, before_batch: bool = False) -> None:
+    def halt(self, ro: Rollout, b: int, why: str, before_batch: bool = False) -> None:
         """Stop the rollout after batch ``b`` (0-based; -1: before the first), ``on_failure`` applies."""
         play = ro.play
         left = [h for bb in ro.plan[b + 1:] for h in bb]
