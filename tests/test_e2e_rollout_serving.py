@@ -5,7 +5,8 @@ a staging failure stops the run before any switch; a playbook drains each host a
 balancer on the controller (delegate_to: localhost + uri), deploys, and undrains in `always`, on
 success and when batch 2 fails (rescue, always, rollback_all); a server killed during the soak
 fails its batch; min_healthy with one host already down stops the rollout before the next batch;
-progress_deadline ends a rollout whose task hangs, naming the batch and the task."""
+progress_deadline ends a rollout whose task hangs, naming the batch and the task; `deploy --stage`
+builds without switching and the next deploy reuses that build."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from test_e2e_playbook import (  # noqa: F401  (lab, rollout_lab: the fixtures)
     DDTREE,
     HOSTS,
     REPO,
+    current,
     currents,
     ddtree_id,
     journal_events,
@@ -151,3 +153,21 @@ def test_progress_deadline_ends_a_hanging_rollout(lab: LabHandle, tmp_path: Path
     assert took < 200
     assert doc["recap"]["lab2"]["failed"] == 1
     assert currents(lab)["lab3"] == plain_id() and currents(lab)["lab4"] == plain_id()
+
+
+def test_deploy_stage_then_deploy_only_switches(lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_support import run_cli
+
+    folder = f"/opt/fleetctl/releases/{ddtree_id()}"
+    lab.ssh("lab1", f"rm -rf {folder}")
+    staged = run_cli(capsys, "-i", str(lab.inventory_path), "-l", "lab1", "deploy", str(DDTREE), "--stage", "--json")
+    assert staged.rc == 0, staged.out + staged.err
+    assert current(lab, "lab1") == plain_id() and serving(lab, "lab1") == plain_id()  # nothing switched
+    record = json.loads(lab.ssh("lab1", f"cat {folder}/staged.json").stdout)
+    assert record["site"] and record["base_fingerprint"] and '"outcome": "staged"' in staged.out
+    built_at = lab.ssh("lab1", f"stat -c %Y {folder}/manifest.json").stdout
+    live = run_cli(capsys, "-i", str(lab.inventory_path), "-l", "lab1", "deploy", str(DDTREE), "--json")
+    assert live.rc == 0, live.out + live.err
+    assert '"staged": true' in live.out and '"outcome": "deployed"' in live.out
+    assert lab.ssh("lab1", f"stat -c %Y {folder}/manifest.json").stdout == built_at  # the build reused
+    assert current(lab, "lab1") == ddtree_id() and serving(lab, "lab1") == ddtree_id()
