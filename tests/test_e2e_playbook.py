@@ -127,12 +127,22 @@ def test_repo_playbooks_provision_roll_out_audit_and_roll_back(lab: LabHandle, t
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
     assert {serving(lab, h) for h in HOSTS} == {ddtree_id()}
     events = journal_events(lab, doc["run_id"])
-    assert [e["hosts"] for e in events if e["event"] == "batch_start"] == [["lab1"], ["lab2", "lab3"], ["lab4"]]
-    assert [e["releases"] for e in events if e["event"] == "recorded"] == [dict.fromkeys(HOSTS, plain_id())]
-    assert all(doc["recap"][h]["changed"] == 1 and doc["recap"][h]["failed"] == 0 for h in HOSTS)
-    # the canary finished every task before any other host started
-    first_other = next(i for i, e in enumerate(events) if e.get("host") in ("lab2", "lab3", "lab4"))
-    canary_done = next(i for i, e in enumerate(events) if e["event"] == "host_done" and e["host"] == "lab1")
+    # play 1 stages on every host at once; play 2 switches them canary first
+    assert [(e["play"], e["hosts"]) for e in events if e["event"] == "batch_start"] == [
+        (0, HOSTS), (1, ["lab1"]), (1, ["lab2", "lab3"]), (1, ["lab4"])]
+    staged = {e["host"]: e for e in events if e["event"] == "task_result" and e["name"].startswith("stage")}
+    assert set(staged) == set(HOSTS) and all(e["msg"].startswith(f"staged {ddtree_id()}") for e in staged.values())
+    batch1 = next(e for e in events if e["event"] == "batch_start" and e["play"] == 1)
+    assert max(e["ts"] for e in staged.values()) <= batch1["ts"]  # every build finished before batch 1
+    deployed = [e for e in events if e["event"] == "task_result" and e["name"].startswith("deploy")]
+    assert len(deployed) == 4 and all("from its staged build" in e["msg"] for e in deployed)
+    assert [e["releases"] for e in events if e["event"] == "recorded"][-1] == dict.fromkeys(HOSTS, plain_id())
+    assert all(doc["recap"][h]["changed"] == 2 and doc["recap"][h]["failed"] == 0 for h in HOSTS)
+    # in the rollout play, the canary finished every task before any other host started
+    first_other = next(i for i, e in enumerate(events) if e.get("host") in ("lab2", "lab3", "lab4")
+                       and e.get("play") == 1)
+    canary_done = next(i for i, e in enumerate(events) if e["event"] == "host_done" and e["host"] == "lab1"
+                       and e["play"] == 1)
     assert canary_done < first_other
     # the journal reads back
     listed = run_cli(capsys, "-i", str(lab.inventory_path), "runs", "list", "--json").json()
@@ -333,7 +343,7 @@ def test_red_gpu_host_is_left_out_of_the_rollout(lab: LabHandle, tmp_path: Path,
         assert currents(lab) == dict.fromkeys(HOSTS, plain_id())  # the canary was red: nothing deployed
 
         plays = yaml.safe_load((REPO / "playbooks" / "deploy-ddtree.yml").read_text())
-        del plays[0]["max_fail_percentage"]
+        del plays[0]["max_fail_percentage"]  # the staging play: one red host may fail it
         plays[0]["max_failures"] = 1
         book = playbook(tmp_path, plays, "deploy-budget-1.yml")
         r = run(capsys, lab, str(book), *smi, "--json")
@@ -343,10 +353,13 @@ def test_red_gpu_host_is_left_out_of_the_rollout(lab: LabHandle, tmp_path: Path,
         assert serving(lab, "lab2") == plain_id()
         assert not [d for d in lab.ssh("lab2", "ls /opt/fleetctl/releases").stdout.split() if d == ddtree_id()]
         assert doc["recap"]["lab2"]["failed"] == 1 and doc["recap"]["lab2"]["changed"] == 0
-        assert all(doc["recap"][h]["failed"] == 0 and doc["recap"][h]["changed"] == 1 for h in ("lab1", "lab3",
+        # changed: the switch, and the staging unless an earlier test staged the release there already
+        assert all(doc["recap"][h]["failed"] == 0 and doc["recap"][h]["changed"] >= 1 for h in ("lab1", "lab3",
                                                                                                  "lab4"))
         events = journal_events(lab, doc["run_id"])
-        assert [e["failed"] for e in events if e["event"] == "batch_end"] == [[], ["lab2"], []]
+        # lab2 failed the staging play, so the rollout play leaves it out
+        assert [e["failed"] for e in events if e["event"] == "batch_end"] == [["lab2"], [], [], []]
+        assert next(e for e in events if e["event"] == "play_start" and e["play"] == 1)["left_out"] == ["lab2"]
     finally:
         for host in HOSTS:
             remove_fake_smi(lab, host)

@@ -21,8 +21,12 @@ def test_the_repo_playbooks_load(name: str) -> None:
     assert book.plays and all(play.tasks for play in book.plays)
 
 
-def test_deploy_ddtree_is_canary_first_with_rollback_all() -> None:
-    play = load_playbook(REPO / "playbooks" / "deploy-ddtree.yml").plays[0]
+def test_deploy_ddtree_stages_everywhere_then_is_canary_first_with_rollback_all() -> None:
+    stage, play = load_playbook(REPO / "playbooks" / "deploy-ddtree.yml").plays
+    # every host at once, any failure stops the run before the rollout play
+    assert stage.model.serial is None and stage.model.max_fail_percentage == 0
+    assert [t.module.name for t in stage.tasks] == ["gpu_health", "release"]
+    assert stage.tasks[1].args["state"] == "staged"
     assert play.model.serial == [1, "50%", "100%"]
     assert play.model.on_failure == "rollback_all"
     # GPU health first: a red host fails before the release task and never gets the release

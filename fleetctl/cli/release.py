@@ -24,19 +24,24 @@ break_lock_option = click.option(
 @click.option("--diff", "show_diff", is_flag=True, help="Show the patched files' diffs and the service environment.")
 @click.option("--rebuild", is_flag=True, help="Build the release again (as <id>.b<base fingerprint>) even where "
               "the build of it that is serving came from a base that has changed since.")
+@click.option("--stage", is_flag=True, help="Build, patch, validate and verify the release on each host without "
+              "switching; a later deploy of SPEC there only switches, restarts and gates.")
 @break_lock_option
 @host_options
 @click.pass_obj
-def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool) -> int:
-    """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure."""
+def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool,
+           stage: bool) -> int:
+    """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
+    (--stage: build and verify only)."""
     from fleetctl.release import deploy as core
     from fleetctl.release.spec import load_spec
 
     spec = load_spec(spec_path)
     loaded = core.load_patches(spec)
-    holder = core.who(f"fleetctl deploy {spec_path}")
+    holder = core.who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock, rebuild))
+        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock, rebuild,
+                                                         stage_only=stage))
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})

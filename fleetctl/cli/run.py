@@ -215,9 +215,9 @@ class Printer:
 
     def recap(self, recap: dict[str, Any], status: str, run_id: str, path: Path, resume: str | None = None) -> None:
         rows = [[h, *(str(c[k]) for k in ("ok", "changed", "failed", "unreachable", "skipped", "ignored",
-                                          "rolled_back"))] for h, c in sorted(recap.items())]
+                                          "rescued", "rolled_back"))] for h, c in sorted(recap.items())]
         self.out.print(render.table("recap", ["host", "ok", "changed", "failed", "unreachable", "skipped",
-                                              "ignored", "rolled back"], rows))
+                                              "ignored", "rescued", "rolled back"], rows))
         stopped = status in ("halted", "interrupted")
         hint = f"; resume with: {resume or f'fleetctl run PLAYBOOK --resume {run_id}'}" if stopped else ""
         self.out.print(render.cell(f"run {run_id}: {status} · journal {path} (fleetctl runs show {run_id}){hint}"),

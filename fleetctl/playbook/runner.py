@@ -23,10 +23,11 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from fleetctl import yamlfile
-from fleetctl.errors import FleetError, HostError, InputError
+from fleetctl.errors import FleetError, InputError
 from fleetctl.inventory import Inventory
+from fleetctl.playbook import blocks, capacity, releases, rollout, templating
 from fleetctl.playbook import journal as journal_mod
-from fleetctl.playbook import rollout, templating
+from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
 from fleetctl.playbook.schema import Play, Playbook, Task
 from fleetctl.transport.base import HostResult, Status
@@ -34,7 +35,7 @@ from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
 from fleetctl.vault import Vault
 
 Listener = Callable[[str, dict[str, Any]], None]
-RECAP_KEYS = ("ok", "changed", "failed", "unreachable", "skipped", "ignored", "rolled_back")
+RECAP_KEYS = ("ok", "changed", "failed", "unreachable", "skipped", "ignored", "rescued", "rolled_back")
 
 
 @dataclass
@@ -57,6 +58,22 @@ T = TypeVar("T")
 
 class PlaybookStopped(Exception):
     """Internal: a budget was exceeded or the run was interrupted; no later batch or play runs."""
+
+
+@dataclass
+class Rollout:
+    """One play's rollout as it goes: its batches, budgets, the hosts tried and failed so far."""
+
+    play: Play
+    plan: list[list[str]]
+    recorded: dict[str, str | None]
+    attempted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def budget(self) -> rollout.Budget:
+        m = self.play.model
+        return rollout.Budget(m.max_fail_percentage, m.max_failures, m.any_errors_fatal)
 
 
 class _HostVars(Mapping[str, Any]):
@@ -105,6 +122,9 @@ class Runner:
             for group in host.groups:
                 self._groups.setdefault(group, []).append(host.name)
         self._start_at = options.start_at_task
+        self.failed_before: set[str] = set()  # hosts that failed a play: left out of the later ones
+        self.deadline: float | None = None  # the play's progress_deadline (monotonic)
+        self.delegation = Delegation(self.services)
 
     # -- control -------------------------------------------------------------------------------
 
@@ -115,6 +135,10 @@ class Runner:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep (a pause between batches), ended early by Ctrl-C."""
+        self._stop.wait(seconds)
 
     def emit(self, kind: str, **fields: Any) -> None:
         shown = self.journal.event(kind, **fields)
@@ -138,6 +162,7 @@ class Runner:
             self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
             raise
         finally:
+            self.delegation.close()
             self.services.close()
             self.fleet.close()
         code = self.exit_code()
@@ -166,62 +191,74 @@ class Runner:
         return names
 
     def run_play(self, play: Play) -> None:
-        tasks = self.selected_tasks(play)
+        items = self.selected_items(play)
         hosts = self.play_hosts(play)
         done = journal_mod.finished_hosts(self.options.resume_events or []).get(play.index, set())
         skipped = [h for h in hosts if h in done]
-        hosts = [h for h in hosts if h not in done]
+        left_out = [h for h in hosts if h in self.failed_before and h not in done]  # failed an earlier play
+        hosts = [h for h in hosts if h not in done and h not in self.failed_before]
         model = play.model
         self.emit("play_start", play=play.index, name=play.name, hosts=hosts, finished_before=skipped,
-                  serial=model.serial, on_failure=model.on_failure, tasks=len(tasks))
-        if not hosts or not tasks:
+                  left_out=left_out, serial=model.serial, on_failure=model.on_failure, tasks=blocks.count(items))
+        if not hosts or not items:
             self.emit("play_end", play=play.index, name=play.name)
             return
         self.open_hosts(play, hosts)
-        recorded = self.record_releases(play, hosts) if play.has_module("release") else {}
-        budget = rollout.Budget(model.max_fail_percentage, model.max_failures, model.any_errors_fatal)
-        plan = rollout.batches(hosts, model.serial)
-        attempted: list[str] = []
-        failed_total: list[str] = []
-        for b, batch in enumerate(plan):
-            if b and model.pause_between_batches:
-                self._stop.wait(model.pause_between_batches)
+        self.deadline = time.monotonic() + model.progress_deadline if model.progress_deadline else None
+        recorded = releases.record_releases(self, play, hosts) if play.has_module("release") else {}
+        rollout_ = Rollout(play, rollout.batches(hosts, model.serial), recorded)
+        for b, batch in enumerate(rollout_.plan):
+            if b:
+                capacity.between_batches(self, rollout_, b)
             if self.stopping:
-                self.interrupted(play, b + 1, None, [h for bb in plan[b:] for h in bb])
-            self.emit("batch_start", play=play.index, batch=b + 1, batches=len(plan), hosts=batch)
-            attempted += batch
-            failed = self.run_batch(play, tasks, b, batch)
-            failed_total += failed
-            why = budget.exceeded(len(failed), len(batch), len(failed_total))
+                self.interrupted(play, b + 1, None, [h for bb in rollout_.plan[b:] for h in bb])
+            capacity.check_capacity(self, rollout_, b, hosts)
+            self.emit("batch_start", play=play.index, batch=b + 1, batches=len(rollout_.plan), hosts=batch)
+            rollout_.attempted += batch
+            try:
+                failed = self.run_batch(play, items, b, batch)
+            except capacity.DeadlineExceeded as exc:
+                rollout_.failed += [h for h in batch if h not in rollout_.failed and self._failed_in(play, h)]
+                self.halt(rollout_, b, exc.why)
+            rollout_.failed += failed
             self.emit("batch_end", play=play.index, batch=b + 1, failed=failed)
+            why = rollout_.budget.exceeded(len(failed), len(batch), len(rollout_.failed))
             if why:
-                left = [h for bb in plan[b + 1:] for h in bb]
-                self.emit("halted", play=play.index, batch=b + 1, why=why, on_failure=model.on_failure,
-                          not_started=left)
-                self.status = "halted"
-                self.on_failure(play, recorded, attempted, failed_total)
-                raise PlaybookStopped
+                self.halt(rollout_, b, why)
+        self.failed_before |= set(rollout_.failed)
         self.emit("play_end", play=play.index, name=play.name)
+
+    def _failed_in(self, play: Play, host: str) -> bool:
+        return any(r["status"] in ("failed", "unreachable") and r["play"] == play.index
+                   for r in self.results.get(host, []))
+
+    def halt(self, ro: Rollout, b: int, why: str, before_batch: bool = False) -> None:
+        """Stop the rollout after batch ``b`` (0-based; -1: before the first), ``on_failure`` applies."""
+        play = ro.play
+        left = [h for bb in ro.plan[b + 1:] for h in bb]
+        self.emit("halted", play=play.index, batch=b + 1, why=why, on_failure=play.model.on_failure,
+                  not_started=left)
+        self.status = "halted"
+        releases.on_failure(self, play, ro.recorded, ro.attempted, ro.failed)
+        raise PlaybookStopped
 
     def interrupted(self, play: Play, batch: int, task: Task | None, pending: list[str]) -> None:
         self.status = "interrupted"
         self.emit("interrupted", play=play.index, batch=batch, task=task.name if task else None, pending=pending)
         raise PlaybookStopped
 
-    def selected_tasks(self, play: Play) -> list[Task]:
-        out = []
-        for task in play.tasks:
+    def selected_items(self, play: Play) -> list[blocks.Item]:
+        def keep(task: Task) -> bool:
             if self._start_at:
                 if task.name != self._start_at:
-                    continue
+                    return False
                 self._start_at = None
             tags = set(task.options.tags)
             if self.options.tags and not (tags & self.options.tags or "always" in tags):
-                continue
-            if tags & self.options.skip_tags:
-                continue
-            out.append(task)
-        return out
+                return False
+            return not tags & self.options.skip_tags
+
+        return blocks.select(play.body, keep)
 
     def open_hosts(self, play: Play, hosts: list[str]) -> None:
         """Each host's variables for this play: inventory < play vars < extra vars (-e)."""
@@ -239,27 +276,44 @@ class Runner:
 
     # -- batches and tasks --------------------------------------------------------------------------
 
-    def run_batch(self, play: Play, tasks: list[Task], b: int, batch: list[str]) -> list[str]:
-        """Every task on the batch's hosts; the hosts that failed (unreachable included)."""
+    def run_batch(self, play: Play, items: list[blocks.Item], b: int, batch: list[str]) -> list[str]:
+        """Every item on the batch's hosts; the hosts that failed (unreachable included)."""
         active = list(batch)
         failed: list[str] = []
-        for task in tasks:
-            if not active:
-                break
-            if self.stopping:
-                self._finish_hosts(play, active, failed)
-                self.interrupted(play, b + 1, task, active + [h for h in batch if h not in active and h not in failed])
-            self.emit("task_start", play=play.index, task=task.index, name=task.name, module=task.module.name,
-                      hosts=active, batch=b + 1)
-            results = self.fleet.map(partial(self.run_task, play, task, batch=batch), names=active)
-            for host, res in results.items():
-                status = self.account(play, task, host, res)
-                if status in ("failed", "unreachable"):
-                    active.remove(host)
-                    failed.append(host)
-            if failed and play.model.any_errors_fatal:
-                break
+        executor = blocks.Executor(play, partial(self.run_task_on, play, b, batch), lambda: self.stopping,
+                                   lambda h: not self.fleet.contexts[h].unreachable, self.forgive)
+        try:
+            executor.run(items, active, failed)
+        except blocks.Interrupted as stop:
+            self._finish_hosts(play, active, failed)
+            self.interrupted(play, b + 1, stop.task, active + [h for h in batch if h not in active and h not in failed])
         self._finish_hosts(play, active, failed)
+        return failed
+
+    def forgive(self, host: str) -> None:
+        """A host rescued by a block's ``rescue``: its failure is not counted."""
+        self.recap[host]["failed"] -= 1
+        self.recap[host]["rescued"] += 1
+
+    def run_task_on(self, play: Play, b: int, batch: list[str], task: Task, hosts: list[str]) -> list[str]:
+        """One task on ``hosts`` (once for all of them with run_once); the hosts that failed it."""
+        self.emit("task_start", play=play.index, task=task.index, name=task.name, module=task.module.name,
+                  hosts=hosts, batch=b + 1, delegate_to=task.options.delegate_to, run_once=task.options.run_once)
+        on = hosts[:1] if task.options.run_once else hosts
+        results, stuck = capacity.map_until(self.fleet, partial(self.run_task, play, task, batch=batch), on,
+                                            self.deadline)
+        if task.options.run_once and results:
+            results = dict.fromkeys(hosts, results[on[0]])
+        failed = []
+        for host, res in results.items():
+            if self.account(play, task, host, res) in ("failed", "unreachable"):
+                failed.append(host)
+        if stuck:
+            why = capacity.deadline_why(play, b + 1, task, stuck)
+            for host in stuck:
+                self.account(play, task, host, HostResult(host, Status.FAILED, reason=why))
+                self.emit("host_done", play=play.index, host=host, status="failed")
+            raise capacity.DeadlineExceeded(why)
         return failed
 
     def _finish_hosts(self, play: Play, active: list[str], failed: list[str]) -> None:
@@ -346,7 +400,13 @@ class Runner:
         play = self.playbook.plays[task.play].model  # a task's become keyword beats its play's
         become = task.options.become if task.options.become is not None else play.become
         user = task.options.become_user or play.become_user
-        if become is not None or user is not None:
+        if task.options.delegate_to:  # that host's connection, this host's variables
+            try:
+                to = str(templating.render(task.options.delegate_to, variables))
+            except templating.TemplateProblem as exc:
+                raise InputError(f"{where}: delegate_to: {exc}") from None
+            ctx = self.delegation.session(to, become, user)
+        elif become is not None or user is not None:
             ctx = self.services.session_as(ctx.name, become, user)
         try:
             raw = templating.render(task.args, variables)
@@ -361,57 +421,8 @@ class Runner:
                            self.services)
         return task.module.fn(mc, args)
 
-    # -- releases: recorded before, rolled back on failure ------------------------------------------
-
     def as_release(self, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:
-        """``fn`` on the session the play's release task runs under (its become keyword, else the
-        play's): what a rollback writes needs the privileges the deploy had."""
-        task = next((t for t in play.tasks if t.module.name == "release"), None)
-        become = task.options.become if task and task.options.become is not None else play.model.become
-        user = (task.options.become_user if task else None) or play.model.become_user
-        return lambda ctx: fn(self.services.session_as(ctx.name, become, user))
-
-    def record_releases(self, play: Play, hosts: list[str]) -> dict[str, str | None]:
-        """The release each host runs before this rollout (from the resumed run's journal when it
-        recorded the host: a resumed rollout still rolls back to what ran before it first started)."""
-        from fleetctl.playbook.modules.release import current_release
-
-        before = journal_mod.recorded_releases(self.options.resume_events or []).get(play.index, {})
-        missing = [h for h in hosts if h not in before]
-        found = self.fleet.map(self.as_release(play, current_release), names=missing) if missing else {}
-        recorded = {**before, **{h: r.value for h, r in found.items() if r.ok}}
-        # A host not reached is not recorded, so a resumed run asks it again.
-        self.emit("recorded", play=play.index, releases={h: recorded[h] for h in hosts if h in recorded},
-                  unreachable={h: r.reason for h, r in found.items() if not r.ok})
-        return recorded
-
-    def on_failure(self, play: Play, recorded: dict[str, str | None], attempted: list[str], failed: list[str]) -> None:
-        how = play.model.on_failure
-        if how == "halt":
-            return
-        targets = failed if how == "rollback_failed" else attempted
-        if self.options.check:
-            self.emit("rollback", play=play.index, hosts=targets, status="skipped", msg="check mode: nothing to undo")
-            return
-        from fleetctl.release.manage import rollback_host
-
-        def back(ctx: HostContext) -> tuple[str, str]:
-            to = recorded.get(ctx.name)
-            if not to:
-                return "ok", "no release recorded before this rollout: left as it is"
-            outcome = rollback_host(ctx, to, self.options.rollback_timeout, self.holder)
-            if not outcome.ok:
-                raise HostError(ctx.name, "rollback: " + "; ".join(g.detail for g in outcome.gates if not g.ok))
-            status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"
-            return status, f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
-
-        results = self.fleet.map(self.as_release(play, back), names=targets)
-        for host, res in results.items():
-            status, msg = res.value if res.ok and res.value else (res.status.value, res.reason)
-            if status == "rolled-back":
-                self.recap[host]["rolled_back"] += 1
-            self.emit("rollback", play=play.index, host=host, to=recorded.get(host), status=status, msg=msg)
-
+        return releases.as_release(self, play, fn)
 
 
 def load_resume(folder: Path, run_id: str) -> list[dict[str, Any]]:

@@ -25,7 +25,9 @@ from fleetctl.playbook.templating import TemplateProblem, check_expression, chec
 from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
-             "become_user")
+             "become_user", "delegate_to", "run_once")
+BLOCK_KEYS = ("block", "rescue", "always", "name", "when", "tags", "become", "become_user", "delegate_to",
+              "run_once")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,7 +62,21 @@ class PlayModel(BaseModel):
     on_failure: OnFailure = "halt"
     become: bool | None = None  # Ansible's keyword: beats -b, loses to the inventory's ansible_become
     become_user: str | None = None
+    # Soak and capacity (playbook/capacity.py): the health re-checked after each batch's pause, a floor
+    # of hosts serving, a deadline for the whole play's rollout.
+    recheck_after_pause: bool = True
+    min_healthy: int | str | None = None
+    progress_deadline: float | None = Field(default=None, gt=0)
     tasks: list[Any] = Field(default_factory=list)
+
+    @field_validator("min_healthy", mode="before")
+    @classmethod
+    def _floor(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        if isinstance(value, str) and _STEP.match(value):
+            return value.strip()
+        raise ValueError("min_healthy is a host count (>= 0) or a percentage such as '75%'")
 
     @field_validator("serial", mode="before")
     @classmethod
@@ -86,6 +102,8 @@ class TaskOptions(BaseModel):
     until: str | None = None
     become: bool | None = None  # None: the play's
     become_user: str | None = None
+    delegate_to: str | None = None  # an inventory host or localhost (playbook/delegation.py)
+    run_once: bool = False  # once per batch, on its first host still going; the result is every host's
 
     @field_validator("tags", mode="before")
     @classmethod
@@ -123,8 +141,9 @@ class Task:
 class Play:
     index: int
     model: PlayModel
-    tasks: list[Task]
+    tasks: list[Task]  # every task, those inside blocks included, in order
     line: int
+    body: list[Any] = field(default_factory=list)  # Task | blocks.Block, as written
 
     @property
     def name(self) -> str:
@@ -156,18 +175,24 @@ def load_playbook(path: Path, vault: Vault | None = None) -> Playbook:
 
 
 def _play(doc: yamlfile.YamlDoc, i: int, raw: Any) -> Play:
+    from fleetctl.playbook import blocks
+
     model = yamlfile.validate_at(doc, (i,), raw, PlayModel, "play")
     _check_templates(doc, (i, "vars"), model.vars)
-    tasks = [_task(doc, i, j, t) for j, t in enumerate(model.tasks)]
-    play = Play(i, model, tasks, doc.line_of((i,)))
+    flat: list[Task] = []
+    body = [blocks.parse_item(doc, (i, "tasks", j), t, flat, None) for j, t in enumerate(model.tasks)]
+    play = Play(i, model, flat, doc.line_of((i,)), body)
     if model.on_failure != "halt" and not play.has_module("release"):
         raise doc.error((i, "on_failure"), f"on_failure: {model.on_failure} rolls back releases, and this play "
                                            "has no `release` task")
     return play
 
 
-def _task(doc: yamlfile.YamlDoc, i: int, j: int, raw: Any) -> Task:
-    at = (i, "tasks", j)
+def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
+               inherited: dict[str, Any] | None = None) -> Task:
+    """One task at ``at``; ``inherited``: its blocks' options (when, tags, become, delegate_to...)."""
+    i, j = at[0], at[-1]
+    raw = _local_action(doc, at, raw)
     if not isinstance(raw, dict):
         raise doc.error(at, f"tasks[{j}]: a task is a mapping (a module and its options), got {type(raw).__name__}")
     modules = [k for k in raw if k not in TASK_KEYS]
@@ -183,6 +208,8 @@ def _task(doc: yamlfile.YamlDoc, i: int, j: int, raw: Any) -> Task:
     name = modules[0]
     mod = MODULES[name]
     options = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k in TASK_KEYS}, TaskOptions, "task")
+    if inherited:
+        options = inherit(options, inherited)
     args = _module_args(doc, at, mod, raw[name])
     for key, value in (("name", options.name), ("until", options.until)):
         if value is not None:
@@ -193,7 +220,37 @@ def _task(doc: yamlfile.YamlDoc, i: int, j: int, raw: Any) -> Task:
     if options.until is not None and options.register_as is None:
         raise doc.error(at + ("until",), "until: needs `register` to name the result it tests")
     label = options.name or f"{name} {_short(args)}".strip()
-    return Task(i, j, label, mod, args, options, doc.line_of(at))
+    return Task(i, index, label, mod, args, options, doc.line_of(at))
+
+
+def inherit(options: TaskOptions, parent: dict[str, Any]) -> TaskOptions:
+    """A block's options on a task inside it: conditions and tags add up, the task's own keywords win."""
+    when = [*_listed(parent.get("when")), *_listed(options.when)]
+    update: dict[str, Any] = {"when": when or None, "tags": [*parent.get("tags", []), *options.tags]}
+    for key in ("become", "become_user", "delegate_to"):
+        if getattr(options, key) is None and parent.get(key) is not None:
+            update[key] = parent[key]
+    if parent.get("run_once"):
+        update["run_once"] = True
+    return options.model_copy(update=update)
+
+
+def _listed(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def _local_action(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any) -> Any:
+    """``local_action: {module: uri, url: ...}`` is ``uri: {url: ...}`` with ``delegate_to: localhost``."""
+    if not isinstance(raw, dict) or "local_action" not in raw:
+        return raw
+    action = raw["local_action"]
+    if not isinstance(action, dict) or not isinstance(action.get("module"), str):
+        raise doc.error(at + ("local_action",), "local_action: a mapping with `module` and that module's arguments")
+    if "delegate_to" in raw:
+        raise doc.error(at + ("delegate_to",), "delegate_to: a local_action already runs on localhost")
+    rest = {k: v for k, v in raw.items() if k != "local_action"}
+    args = {k: v for k, v in action.items() if k != "module"}
+    return {**rest, action["module"]: args or None, "delegate_to": "localhost"}
 
 
 def _module_args(doc: yamlfile.YamlDoc, at: tuple[Any, ...], mod: Module, raw: Any) -> dict[str, Any]:

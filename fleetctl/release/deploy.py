@@ -25,6 +25,7 @@ from packaging.specifiers import SpecifierSet
 from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import identity
 from fleetctl.release import patches as patchlib
+from fleetctl.release import stage as stagelib
 from fleetctl.release.gates import GateResult, run_gates, wait_healthy
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
@@ -56,7 +57,7 @@ class HostLocked(HostError):
 class DeployResult:
     host: str
     release_id: str
-    outcome: str  # planned | deployed | unchanged | rolled-back | failed-no-previous
+    outcome: str  # planned | staged | deployed | unchanged | rolled-back | failed-no-previous
     previous: str | None = None
     build: dict[str, Any] = field(default_factory=dict)
     gates: list[GateResult] = field(default_factory=list)
@@ -67,6 +68,8 @@ class DeployResult:
     restart_error: str | None = None  # the restart after the switch failed (then switched back)
     launch: LaunchCheck | None = None  # the launch args as SGLang's own parser judged them
     rebuilt: str = ""  # why this host builds the release under another id (its base changed)
+    staged: bool = False  # the build was staged earlier (release/stage.py): only switched, restarted, gated
+    verified: int = 0  # state staged: the release's files checked against its manifest
 
     @property
     def note(self) -> str:
@@ -76,7 +79,7 @@ class DeployResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("planned", "deployed", "unchanged")
+        return self.outcome in ("planned", "deployed", "unchanged", "staged")
 
     def failed_gate(self) -> GateResult | None:
         return next((g for g in self.gates if not g.ok), None)
@@ -159,42 +162,80 @@ def load_patches(spec: ReleaseSpec) -> Loaded:
 
 
 def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: bool, holder: dict[str, Any],
-                break_lock: bool = False, rebuild: bool = False) -> DeployResult:
+                break_lock: bool = False, rebuild: bool = False, stage_only: bool = False) -> DeployResult:
+    """Deploy ``spec`` on the host; ``stage_only``: the build half only (``release/stage.py``). A host
+    where this spec is staged (its base unchanged since) goes straight to the switch half."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
-        base_venv = ensure_base(session, spec, layout, check)
-        base, state = inspect(session, spec, loaded, layout, base_venv)
-        files = apply_patches(session.name, loaded, base)
-        who = identity.choose(session, layout, spec.release_id, base["site"], state.get("current"), rebuild)
-        rid = who.release_id  # the spec's id, unless the base changed under an earlier build of it
-        # The release to fall back to: what runs now, unless that is this very release.
-        previous = state.get("previous") if state.get("current") == rid else state.get("current")
-        result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke, rebuilt=who.why)
-        kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
+        staged = None if check or rebuild or stage_only else stagelib.find_staged(session, spec, layout)
+        if staged is not None and staged.release_id:
+            state = session.call("release_host", {"op": "state", **layout.params()})
+            rid = staged.release_id
+            previous = state.get("previous") if state.get("current") == rid else state.get("current")
+            result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke,
+                                  staged=True)
+            unchanged = state.get("current") == rid and service_running(session, layout)
+            return go_live(session, spec, layout, result, holder, unchanged)
+        result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
+        result.broke_lock = broke
         if check:
             result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars), layout=layout)
-            result.launch = launch_args_fit(session, spec, layout, base_venv, patched_overlay(base["site"], files))
+            result.launch = launch_args_fit(session, spec, layout, base["venv_path"],
+                                            patched_overlay(base["site"], files))
             return result
-        unchanged = state.get("current") == rid and service_running(session, layout)
-        if not unchanged:
-            result.build = build(session, spec, layout, base, files, kernels, rid, who.fingerprint)
+        rid = result.release_id
+        unchanged = base["state"].get("current") == rid and service_running(session, layout)
+        if stage_only:
+            result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
+            result.build = build(session, spec, layout, base, files, kernels, rid, who_)
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
-            switch(session, layout, rid, "deploy", holder)
-            result.restart_error = restart(session, layout)
-            if result.restart_error:  # not serving the new release: back, exactly as a failed gate
-                return roll_back_after_failure(session, spec, layout, result, holder)
-        # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
-        # switched but never checked; running again checks it, and rolls back if it is bad.
-        result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], rid,
-                                 None if unchanged else previous)
-        if all(g.ok for g in result.gates):
-            result.outcome = "unchanged" if unchanged else "deployed"
-            if unchanged:
-                return result
-            result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
-                                                          "keep": spec.model.keep_releases})["removed"]
+            result.verified = stagelib.record_staged(session, layout, rid, spec, base["site"],
+                                                     result.launch.to_dict())
+            result.outcome = "staged"
             return result
-        return roll_back_after_failure(session, spec, layout, result, holder)
+        if not unchanged:
+            result.build = build(session, spec, layout, base, files, kernels, rid, who_)
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
+        return go_live(session, spec, layout, result, holder, unchanged)
+
+
+def build_half_plan(session: HostSession, spec: ReleaseSpec, loaded: Loaded, layout: HostLayout, check: bool,
+                    rebuild: bool) -> tuple[DeployResult, dict[str, Any], dict[str, Any], ReleaseKernels | None,
+                                            str]:
+    """Decide: the base (created from its lock), inspected; the patches applied in memory; the id."""
+    base_venv = ensure_base(session, spec, layout, check)
+    base, state = inspect(session, spec, loaded, layout, base_venv)
+    files = apply_patches(session.name, loaded, base)
+    who_ = identity.choose(session, layout, spec.release_id, base["site"], state.get("current"), rebuild)
+    rid = who_.release_id  # the spec's id, unless the base changed under an earlier build of it
+    # The release to fall back to: what runs now, unless that is this very release.
+    previous = state.get("previous") if state.get("current") == rid else state.get("current")
+    result = DeployResult(session.name, rid, "planned", previous=previous, rebuilt=who_.why)
+    kernels = release_kernels(session, spec, base_venv)  # None: the spec names no kernels.dir
+    return result, {**base, "state": state, "venv_path": base_venv}, files, kernels, who_.fingerprint
+
+
+def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
+            holder: dict[str, Any], unchanged: bool) -> DeployResult:
+    """The switch half: switch ``current``, restart, health gates; back to ``previous`` on failure."""
+    rid, previous = result.release_id, result.previous
+    if not unchanged:
+        switch(session, layout, rid, "deploy", holder)
+        result.restart_error = restart(session, layout)
+        if result.restart_error:  # not serving the new release: back, exactly as a failed gate
+            return roll_back_after_failure(session, spec, layout, result, holder)
+    # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
+    # switched but never checked; running again checks it, and rolls back if it is bad.
+    result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], rid,
+                             None if unchanged else previous)
+    if all(g.ok for g in result.gates):
+        result.outcome = "unchanged" if unchanged else "deployed"
+        if unchanged:
+            return result
+        result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
+                                                      "keep": spec.model.keep_releases})["removed"]
+        return result
+    return roll_back_after_failure(session, spec, layout, result, holder)
 
 
 def launch_args_fit(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,

@@ -6,6 +6,11 @@
 # op "built_from": {"root", "release_id"} -> {"built": bool, "fingerprint": the base fingerprint
 #   recorded when that release was built (None for a build older than the record)}
 # op "remove": {"root", "state_dir", "release_id"} -> {"removed": path}; refuses current and previous.
+# op "stage": {"root", "release_id", "record"} -> {"verified": n}: every patched and kernel file of the
+#   built release checked against its manifest's sha256 (a mismatch is a ValueError naming the file),
+#   then RELEASE/staged.json written with the record (spec digest, base site, launch check).
+# op "staged": {"root", "release_id", "spec_digest"} -> {"release_id": the staged build of that spec
+#   whose base is unchanged since (the spec's id or its .b<fingerprint> rebuild), or None, "why"}
 import hashlib
 import json
 import os
@@ -62,5 +67,55 @@ def remove(params):
     return {"removed": folder}
 
 
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def stage(params):
+    folder = release_folder(params)
+    with open(os.path.join(folder, "manifest.json")) as handle:
+        manifest = json.load(handle)
+    checked = [(os.path.join(folder, "venv", rel), want) for rel, want in (manifest.get("venv_files") or {}).items()]
+    checked += [(os.path.join(folder, rel), want) for rel, want in (manifest.get("kernel_files") or {}).items()]
+    checked.append((os.path.join(folder, "venv", "bin", "python"), None))
+    for path, want in checked:
+        if not os.path.exists(path):
+            raise ValueError("staged release %s is missing %s" % (params["release_id"], path))
+        if want is not None and _sha256(path) != want:
+            raise ValueError("staged release %s: %s differs from its manifest" % (params["release_id"], path))
+    record = dict(params.get("record") or {}, base_fingerprint=manifest.get("base_fingerprint"))
+    tmp = os.path.join(folder, ".staged.json.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(record, handle)
+    os.rename(tmp, os.path.join(folder, "staged.json"))
+    return {"verified": len(checked)}
+
+
+def staged(params):
+    rels = os.path.join(params["root"], "releases")
+    rid = params["release_id"]
+    names = sorted(n for n in (os.listdir(rels) if os.path.isdir(rels) else []) if n == rid or n.startswith(rid + ".b"))
+    why = "not staged on this host"
+    for name in names:
+        try:
+            with open(os.path.join(rels, name, "staged.json")) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if record.get("spec_digest") != params["spec_digest"]:
+            why = "staged %s is of another spec" % name
+            continue
+        if fingerprint({"site": record.get("site") or ""})["fingerprint"] != record.get("base_fingerprint"):
+            why = "the base changed since %s was staged" % name
+            continue
+        return {"release_id": name, "record": record, "why": ""}
+    return {"release_id": None, "record": None, "why": why}
+
+
 def main(params):
-    return {"fingerprint": fingerprint, "built_from": built_from, "remove": remove}[params["op"]](params)
+    ops = {"fingerprint": fingerprint, "built_from": built_from, "remove": remove, "stage": stage, "staged": staged}
+    return ops[params["op"]](params)

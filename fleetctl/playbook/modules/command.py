@@ -1,4 +1,5 @@
-"""``shell`` (a command line on the host), ``assert`` (conditions on variables) and ``fail``."""
+"""``shell`` (a command line on the host), ``command`` (argv, no shell), ``assert`` (conditions on
+variables) and ``fail``."""
 
 from __future__ import annotations
 
@@ -38,6 +39,25 @@ def shell(mc: ModuleContext, args: ShellArgs) -> TaskResult:
         return TaskResult(changed=True, failed=True, msg=f"exit {res.rc}: {tail[0][:300]}", data=data)
     return TaskResult(changed=True, msg=res.stdout.strip().splitlines()[-1][:200] if res.stdout.strip() else "",
                       data=data)
+
+
+class CommandArgs(Args):
+    argv: list[str] = Field(min_length=1)
+    chdir: str | None = None
+    creates: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return shlex.split(value) if isinstance(value, str) else value
+
+
+@module("command", CommandArgs, free_form="argv")
+def command(mc: ModuleContext, args: CommandArgs) -> TaskResult:
+    """Run a program with its arguments, no shell in between (each word quoted); else as ``shell``."""
+    line = shlex.join(args.argv)
+    return shell(mc, ShellArgs(cmd=line, chdir=args.chdir, creates=args.creates, timeout=args.timeout))
 
 
 class AssertArgs(Args):

@@ -13,14 +13,14 @@ from fleetctl.transport.base import HostSession
 
 class ReleaseArgs(Args):
     spec: str | None = None  # a release spec file, relative to the playbook
-    state: Literal["deployed", "rolled_back"] = "deployed"
+    state: Literal["deployed", "staged", "rolled_back"] = "deployed"  # staged: built and verified, not switched
     to: str | None = None  # rolled_back: the release id (default: the host's previous release)
     timeout: float = Field(default=300.0, gt=0)  # rolled_back: seconds to wait for /health
 
     @model_validator(mode="after")
     def _spec_for_deploy(self) -> ReleaseArgs:
-        if self.state == "deployed" and not self.spec:
-            raise ValueError("state deployed needs `spec` (a release spec file)")
+        if self.state in ("deployed", "staged") and not self.spec:
+            raise ValueError(f"state {self.state} needs `spec` (a release spec file)")
         return self
 
 
@@ -35,20 +35,31 @@ def current_release(session: HostSession) -> str | None:
 
 @module("release", ReleaseArgs, free_form="spec")
 def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
-    """Deploy ``spec`` (check mode: the plan and the patched files' diffs, nothing written), or with
-    ``state: rolled_back`` switch back to ``to`` / the previous release and restart."""
+    """Deploy ``spec`` (check mode: the plan and the patched files' diffs, nothing written); with
+    ``state: staged`` build, patch, validate and verify it without switching (a later ``deployed``
+    only switches, restarts and gates); with ``state: rolled_back`` switch back to ``to`` / the
+    previous release and restart."""
     if args.state == "rolled_back":
         return _rollback(mc, args)
     from fleetctl.release import deploy as core
 
     assert args.spec is not None
     spec, loaded = _load(mc, args.spec)
-    result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder)
+    staging = args.state == "staged"
+    result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder, stage_only=staging)
     data: dict[str, Any] = {k: v for k, v in result.to_dict().items() if k != "diffs"}
+    if staging and not mc.check:
+        built = bool(result.build.get("built"))
+        note = f"; {result.note}" if result.note else ""
+        how = "built" if built else "already staged" if result.staged else "already built"
+        return TaskResult(changed=not result.staged, data=data,
+                          msg=f"staged {result.release_id} ({how}, {result.verified} files verified, not switched)"
+                              f"{note}")
     if mc.check:
         changed = result.previous != spec.release_id
         diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
-        return TaskResult(changed=changed, msg=f"would deploy {spec.release_id}" if changed else "unchanged",
+        return TaskResult(changed=changed, msg=f"would {'stage' if staging else 'deploy'} {spec.release_id}" if changed
+                          else "unchanged",
                           diff=diff, data=data)
     if result.outcome == "unchanged":
         return TaskResult(msg=f"{spec.release_id} already current and running", data=data,
@@ -56,7 +67,9 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
     if result.outcome == "deployed":
         measured = [f"{g.name}: {g.detail}" for g in result.gates if g.numbers is not None]
         extra = "".join(f"; {m}" for m in [*measured, result.note] if m)
-        return TaskResult(changed=True, msg=f"deployed {spec.release_id} (was {result.previous or 'none'}){extra}",
+        how = " from its staged build" if result.staged else ""
+        return TaskResult(changed=True, msg=f"deployed {result.release_id}{how} (was {result.previous or 'none'})"
+                                            f"{extra}",
                           data=data, release=spec.release_id)
     gate = result.failed_gate()
     why = f"health gate failed: {gate.name}: {gate.detail}" if gate else result.outcome

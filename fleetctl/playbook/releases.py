@@ -1,0 +1,70 @@
+"""Releases in a rollout: the release each host ran before it (recorded when the play starts, kept
+across --resume), and ``on_failure``: ``rollback_failed`` / ``rollback_all`` switch hosts back to it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from fleetctl.errors import HostError
+from fleetctl.playbook import journal as journal_mod
+from fleetctl.transport.fleet import HostContext
+
+if TYPE_CHECKING:
+    from fleetctl.playbook.runner import Runner
+    from fleetctl.playbook.schema import Play
+
+T = TypeVar("T")
+
+
+def as_release(runner: Runner, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:
+    """``fn`` on the session the play's release task runs under (its become keyword, else the
+    play's): what a rollback writes needs the privileges the deploy had."""
+    task = next((t for t in play.tasks if t.module.name == "release"), None)
+    become = task.options.become if task and task.options.become is not None else play.model.become
+    user = (task.options.become_user if task else None) or play.model.become_user
+    return lambda ctx: fn(runner.services.session_as(ctx.name, become, user))
+
+
+def record_releases(runner: Runner, play: Play, hosts: list[str]) -> dict[str, str | None]:
+    """The release each host runs before this rollout (from the resumed run's journal when it
+    recorded the host: a resumed rollout still rolls back to what ran before it first started)."""
+    from fleetctl.playbook.modules.release import current_release
+
+    before = journal_mod.recorded_releases(runner.options.resume_events or []).get(play.index, {})
+    missing = [h for h in hosts if h not in before]
+    found = runner.fleet.map(as_release(runner, play, current_release), names=missing) if missing else {}
+    recorded = {**before, **{h: r.value for h, r in found.items() if r.ok}}
+    # A host not reached is not recorded, so a resumed run asks it again.
+    runner.emit("recorded", play=play.index, releases={h: recorded[h] for h in hosts if h in recorded},
+                unreachable={h: r.reason for h, r in found.items() if not r.ok})
+    return recorded
+
+
+def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], attempted: list[str],
+               failed: list[str]) -> None:
+    how = play.model.on_failure
+    if how == "halt":
+        return
+    targets = failed if how == "rollback_failed" else attempted
+    if runner.options.check:
+        runner.emit("rollback", play=play.index, hosts=targets, status="skipped", msg="check mode: nothing to undo")
+        return
+    from fleetctl.release.manage import rollback_host
+
+    def back(ctx: HostContext) -> tuple[str, str]:
+        to = recorded.get(ctx.name)
+        if not to:
+            return "ok", "no release recorded before this rollout: left as it is"
+        outcome = rollback_host(ctx, to, runner.options.rollback_timeout, runner.holder)
+        if not outcome.ok:
+            raise HostError(ctx.name, "rollback: " + "; ".join(g.detail for g in outcome.gates if not g.ok))
+        status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"
+        return status, f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
+
+    results = runner.fleet.map(as_release(runner, play, back), names=targets)
+    for host, res in results.items():
+        status, msg = res.value if res.ok and res.value else (res.status.value, res.reason)
+        if status == "rolled-back":
+            runner.recap[host]["rolled_back"] += 1
+        runner.emit("rollback", play=play.index, host=host, to=recorded.get(host), status=status, msg=msg)
