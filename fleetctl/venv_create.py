@@ -54,6 +54,7 @@ class CreateRequest:
     requirements: tuple[Requirement, ...] = ()  # --requirements
     wheels: tuple[Wheel, ...] = ()
     wheelhouse_dir: str | None = None  # None: the host's own (fleetctl_state_dir/wheelhouse)
+    compile: bool = True  # False: pip --no-compile (no .pyc written at install, none in RECORD)
 
     @property
     def offline(self) -> bool:
@@ -108,7 +109,7 @@ def versions_equal(a: str, b: str) -> bool:
 
 
 def load_request(venv: str, python: str | None, requirements: Path | None, lock: Path | None,
-                 wheelhouse: Path | None) -> CreateRequest:
+                 wheelhouse: Path | None, compile_bytecode: bool = True) -> CreateRequest:
     if python is not None and not re.fullmatch(r"3\.\d+", python):
         raise InputError(f"--python {python}: expected a version like 3.11")
     if not venv.startswith("/"):
@@ -116,7 +117,8 @@ def load_request(venv: str, python: str | None, requirements: Path | None, lock:
     pins = parse_lock(lock) if lock else None
     reqs = parse_requirements(requirements) if requirements else ()
     wheels = local_wheels(wheelhouse, pins) if wheelhouse else ()
-    return CreateRequest(venv.rstrip("/"), python, str(lock or requirements), pins, reqs, wheels)
+    return CreateRequest(venv.rstrip("/"), python, str(lock or requirements), pins, reqs, wheels,
+                         compile=compile_bytecode)
 
 
 # --- the plan (pure) -----------------------------------------------------------------------------
@@ -243,7 +245,8 @@ def create_on_host(ctx: HostContext, req: CreateRequest) -> CreateOutcome:
         outcome.uploaded, outcome.uploaded_bytes = len(plan.upload), sum(w.size for w in plan.upload)
     params = {"action": "apply", "venv": req.venv, "python": state.python, "create": plan.create,
               "installer": plan.installer, "uv": state.uv, "install": list(plan.install), "remove": list(plan.remove),
-              "no_deps": plan.no_deps, "wheelhouse": wheelhouse_of(ctx, req) if req.offline else None,
+              "no_deps": plan.no_deps, "no_compile": not req.compile,
+              "wheelhouse": wheelhouse_of(ctx, req) if req.offline else None,
               "wheels": {w.filename: w.sha256 for w in plan.wheels}}
     timeout = max(ctx.settings.command_timeout or 0, INSTALL_TIMEOUT_S)
     outcome.commands = ctx.call("venv_create", params, timeout=timeout)["commands"]

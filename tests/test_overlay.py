@@ -149,6 +149,33 @@ def test_relocate_bytes_rewrites_only_whole_prefixes_in_text() -> None:
     assert r["relocate_bytes"](b"nothing here", "/root/src", "/srv/dst") is None
 
 
+def test_an_identical_pip_install_matches_by_tree_though_its_record_has_crlf_and_pyc_rows(tmp_path: Path) -> None:
+    """pip writes RECORD with "\\r\\n" and lists the .pyc it compiled; the source sends RECORD
+    without them, with "\\n". The target compares its RECORD by rows (issue 16: an identical copy of
+    the full venv planned a new RECORD for every one of its 207 distributions)."""
+    src, tgt = remote("overlay_source"), remote("overlay_target")
+    prefix = tmp_path / "venv"
+    site = prefix / "lib" / "python3.11" / "site-packages"
+    info = site / "pkg-1.dist-info"
+    (site / "pkg" / "__pycache__").mkdir(parents=True)
+    info.mkdir()
+    files = {"pkg/__init__.py": b"x = 1\n", "pkg/__pycache__/__init__.cpython-311.pyc": b"\0pyc",
+             "pkg-1.dist-info/METADATA": b"Name: pkg\nVersion: 1\n"}
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+    rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
+    (info / "RECORD").write_bytes(("\r\n".join(rows) + "\r\n").encode())
+    dist = src["Dist"](str(site), info.name, str(prefix), str(prefix))
+    described = src["describe"](dist, "pkg", "1")
+    assert b"\r\n" not in dist.record() and b".pyc" not in dist.record()
+    listed = [os.path.normpath(r[0]) for r in tgt["read_record"](str(info)) if not tgt["is_bytecode"](r[0])]
+    assert tgt["tree_of"](str(site), info.name, listed, tgt["HashCache"](None, str(prefix))) == described["tree"]
+    (sent,) = [f for f in described["files"] if f[0] == "pkg-1.dist-info/RECORD"]
+    assert tgt["comparable_record_hash"](str(info)) == sent[1]  # the per-file plan agrees too
+    (info / "RECORD").write_bytes((info / "RECORD").read_bytes().replace(sha(b"x = 1\n").encode(), b"other"))
+    assert tgt["comparable_record_hash"](str(info)) != sent[1]
+
+
 def test_relocate_venv_rewrites_scripts_and_their_record_rows(tmp_path: Path) -> None:
     r = remote("relocate")
     old, venv = "/old/venv", tmp_path / "venv"

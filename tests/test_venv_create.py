@@ -105,6 +105,9 @@ def test_installer_commands_offline_with_uv_and_pip() -> None:
     pip = commands(dict(base, installer="pip"), "/tmp/r.txt")
     assert pip[0] == ["/usr/bin/python3.11", "-m", "venv", "/v"]
     assert pip[2][-4:] == ["--no-deps", "--no-index", "--find-links", "/w"]
+    assert "--no-compile" not in pip[2]
+    assert commands(dict(base, installer="pip", no_compile=True), "/tmp/r.txt")[2][-1] == "--no-compile"
+    assert commands(dict(base, installer="uv", no_compile=True), "/tmp/r.txt") == uv  # uv compiles nothing anyway
 
 
 def test_create_cli_needs_exactly_one_pin_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

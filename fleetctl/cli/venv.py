@@ -32,16 +32,19 @@ def venv() -> None:
               help="name==version pins: installed exactly (extras removed), with no dependency resolution.")
 @click.option("--wheelhouse", type=click.Path(file_okay=False, path_type=Path),
               help="A folder of wheels on this machine: uploaded once per host, installed offline.")
+@click.option("--no-compile", "no_compile", is_flag=True,
+              help="Write no bytecode at install (pip --no-compile; uv writes none unless asked): faster, and "
+                   "Python compiles what it imports on first use.")
 @host_options
 @click.pass_obj
 def create(app: AppContext, path: str, python: str | None, requirements: Path | None, lock: Path | None,
-           wheelhouse: Path | None) -> int:
+           wheelhouse: Path | None, no_compile: bool) -> int:
     """Create the venv on each host and install exactly the pinned set (uv when the host has it)."""
     from fleetctl import venv_create as core
 
     if (requirements is None) == (lock is None):
         raise click.UsageError("pass exactly one of --requirements FILE and --lock FILE")
-    request = core.load_request(path, python, requirements, lock, wheelhouse)
+    request = core.load_request(path, python, requirements, lock, wheelhouse, compile_bytecode=not no_compile)
     with app.fleet() as fleet:
         results = core.run_create(fleet, request)
     if app.json:

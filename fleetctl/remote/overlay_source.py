@@ -69,7 +69,7 @@ class Dist(object):
         self.real_prefix, self.real_dirs = None, {}
 
     def skip(self, rel):
-        return rel.endswith(".pyc") or "__pycache__/" in rel or rel == self.entry + "/RECORD"
+        return is_bytecode(rel) or rel == self.entry + "/RECORD"
 
     def path(self, rel):
         """The file a RECORD path names, None when it leaves the venv: by its name (``..``, absolute)
@@ -124,10 +124,11 @@ class Dist(object):
         return record_hash(data)[7:], len(data), moved
 
     def record(self):
-        """RECORD as the target gets it: no .pyc rows, relocated files rehashed."""
+        """RECORD as the target gets it: no .pyc rows, relocated files rehashed, "\\n" line ends
+        (the target compares its own RECORD the same way: comparable_record_hash)."""
         rows = []
         for rel, digest, size in self.rows:
-            if rel.endswith(".pyc") or "__pycache__/" in rel:
+            if is_bytecode(rel):
                 continue
             key = os.path.normpath(rel)
             if digest and not self.skip(key):

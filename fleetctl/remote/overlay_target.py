@@ -7,7 +7,8 @@
 #   main({"action": "list", "names": [dist], "trees": {name: [dist_info, tree]}}) (an agent call,
 #     read-only): this interpreter, every dist-info of those distributions, whether it matches
 #     the source's tree hash, and the RECORD paths of those that do not (zlib+base64 packed).
-#   main({"action": "hashes", "paths_z": packed [rel]}): the sha256 of each path that exists.
+#   main({"action": "hashes", "paths_z": packed [rel]}): the sha256 of each path that exists (of a
+#     dist-info's RECORD: comparable_record_hash, its rows without bytecode, as the source sends it).
 #   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON plan
 #     from stdin, then the zlib-compressed tar the source streams, and applies it in an order
 #     that a dropped connection cannot turn into a hybrid (see apply()). Prints one delimited
@@ -52,7 +53,7 @@ def listing(params):
         name, version = dist_name(folder, entry)
         if normalize(name) not in names:
             continue
-        rows = [os.path.normpath(row[0]) for row in read_record(folder) if not row[0].endswith(".pyc")]
+        rows = [os.path.normpath(row[0]) for row in read_record(folder) if not is_bytecode(row[0])]
         want = trees.get(normalize(name))
         item = {"version": version, "dist_info": entry,
                 "match": bool(want and want[0] == entry and tree_of(site, entry, rows, cache) == want[1])}
@@ -65,15 +66,17 @@ def listing(params):
 
 
 def tree_of(site, entry, rows, cache):
+    """The tree hash over the files `rows` lists, as overlay_source computes it for what it would
+    send: RECORD by its rows (comparable_record_hash), not its bytes."""
     entries = []
     for rel in rows:
-        if "__pycache__/" in rel or rel == entry + "/RECORD":
+        if rel == entry + "/RECORD":
             continue
         digest = cached_hash(cache, os.path.join(site, rel))
         if digest is None:
             return None
         entries.append((rel, digest))
-    entries.append((entry + "/RECORD", cached_hash(cache, os.path.join(site, entry, "RECORD"))))
+    entries.append((entry + "/RECORD", comparable_record_hash(os.path.join(site, entry))))
     return tree_hash(entries)
 
 
@@ -83,7 +86,12 @@ def hashes(params):
     cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
     out = {}
     for rel in unpack_json(params.get("paths_z")) or []:
-        out[rel] = cached_hash(cache, os.path.normpath(os.path.join(info["site"], rel)))
+        path = os.path.normpath(os.path.join(info["site"], rel))
+        parts = rel.split("/")
+        if len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == "RECORD":
+            out[rel] = comparable_record_hash(os.path.dirname(path))  # by its rows, as the source's
+        else:
+            out[rel] = cached_hash(cache, path)
     cache.save()
     return {"hashes_z": pack_json(out)}
 

@@ -8,6 +8,7 @@
 #                                          files under site-packages; RECORD rows updated
 #   rewrite_record(dist_info, changed)  -> RECORD rows of `changed` files rehashed from disk
 #   atomic_write(path, data, mode, mtime), temp_name(path), record_hash(data), read_record(...)
+#   comparable_record_hash(dist_info)  -> a RECORD's digest as overlay compares it (no .pyc rows, LF)
 #   HashCache(cache_dir, key)           -> file hashes kept across runs by (size, mtime, inode)
 #   tree_hash(pairs), pack_json(doc)    -> one digest for a whole distribution; compact answers
 import base64
@@ -132,6 +133,21 @@ def format_record(rows):
     for row in rows:
         writer.writerow(row)
     return out.getvalue().encode("utf-8")
+
+
+def is_bytecode(rel):
+    return rel.endswith(".pyc") or "__pycache__/" in rel
+
+
+def comparable_record_hash(dist_info_dir):
+    """The digest a RECORD is compared by (urlsafe, no 'sha256='), None when there is none: its
+    rows as overlay_source sends them, bytecode rows left out, "\\n" line ends. pip writes
+    "\\r\\n" and lists the .pyc files it compiled, so two installs of one wheel are rarely
+    byte-equal RECORDs, though they list the same files with the same hashes."""
+    if not os.path.isfile(os.path.join(dist_info_dir, "RECORD")):
+        return None
+    rows = [row for row in read_record(dist_info_dir) if not is_bytecode(row[0])]
+    return record_hash(format_record(rows))[7:]
 
 
 def rewrite_record(dist_info_dir, changed_paths):

@@ -135,7 +135,9 @@ def commands(params, reqfile):
     if params.get("remove"):
         out.append([vpy, "-m", "pip", "uninstall", "-y", "-q"] + params["remove"])
     if params.get("install"):
-        out.append([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", reqfile] + deps + offline)
+        no_compile = ["--no-compile"] if params.get("no_compile") else []  # uv compiles nothing unless asked
+        out.append([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", reqfile] + deps + offline
+                   + no_compile)
     return out
 
 
