@@ -126,6 +126,8 @@ def refused(capsys: pytest.CaptureFixture[str], lab: LabHandle, spec: Path, reje
     assert r.json()["hosts"]["lab1"]["reason"] == (f"sglang 0.5.23 rejects the launch args: sglang serve: error: "
                                                    f"unrecognized arguments: {rejected}; nothing switched"), r.out
     assert lab.ssh("lab1", "readlink /opt/fleetctl/current").stdout.strip() == f"releases/{current}"
+    left = lab.ssh("lab1", "ls /opt/fleetctl/releases").stdout.split()
+    assert current in left and load_spec(spec).release_id not in left  # a refused release leaves no folder
 
 
 @pytest.mark.timeout(1200)  # venv create of 207 wheels is most of it (about 4 min on 2 busy cores)

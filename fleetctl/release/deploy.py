@@ -188,14 +188,16 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
-            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
+                                            built=result.build)
             result.verified = stagelib.record_staged(session, layout, rid, spec, base["site"],
                                                      result.launch.to_dict())
             result.outcome = "staged"
             return result
         if not unchanged:
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
-            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
+                                            built=result.build)
         return go_live(session, spec, layout, result, holder, unchanged)
 
 
@@ -239,11 +241,14 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
 
 
 def launch_args_fit(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
-                    overlay: dict[str, str] | None = None) -> LaunchCheck:
+                    overlay: dict[str, str] | None = None, built: dict[str, Any] | None = None) -> LaunchCheck:
     """SGLang's own parser on the release's args, in ``venv``; a rejection refuses the release
-    before anything switches (``current`` is untouched)."""
+    before anything switches (``current`` is untouched). A release folder this run has just
+    ``built`` for it is removed again: a refused release leaves nothing behind."""
     found = check_launch_args(session, spec, layout, venv, overlay)
     if found.refused:
+        if built and built.get("built"):
+            identity.remove_release(session, layout, venv.rstrip("/").rsplit("/", 2)[-2])
         raise ReleaseRefused(session.name, f"{found.detail}; nothing switched")
     return found
 
