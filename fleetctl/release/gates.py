@@ -75,10 +75,15 @@ def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port:
         # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
         left = max(0.5, min(10.0, deadline - time.monotonic()))
         answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))
-        if answer.status == 200:
-            return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
-        last = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"
         status = session.call("service_host", control(layout, "status"))
+        if answer.status == 200 and status.get("running"):
+            return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
+        if answer.status == 200:  # our server is gone: another process answers on its port
+            tail = " | ".join((status.get("log_tail") or [])[-3:])
+            return GateResult(f"GET {health.path}", False, f"200, but the service is not running: another process "
+                                                          f"answers on port {port}; log: {tail}",
+                              time.monotonic() - start)
+        last = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"
         if not status.get("running"):
             tail = " | ".join((status.get("log_tail") or [])[-3:])
             return GateResult(f"GET {health.path}", False, f"the service exited ({last}); log: {tail}",
