@@ -178,3 +178,25 @@ def tiny_releases(lab: LabHandle, folder: Path, names: list[str], body: str = ST
     for host in lab.hosts:
         lab.ssh(host, f"rm -rf {TINY_BASE} && /usr/bin/python3 -m venv --without-pip {TINY_BASE}")
     return [write_spec(folder, name, body, base=TINY_BASE, sglang=False) for name in names]
+
+
+STATE = "/var/lib/fleetctl"
+
+
+def fill_state_dir(lab: LabHandle, host: str, pages_left: int) -> None:
+    """A 1 MB tmpfs over the host's state folder (in its own mount namespace), holding a copy of what
+    was there, filled up to ``pages_left`` free pages."""
+    lab.ssh(host, f"cp -a {STATE} /root/state-copy && mount -t tmpfs -o size=1m fleetctl-state-full {STATE} && "
+                  f"cp -a /root/state-copy/. {STATE}/ && rm -rf /root/state-copy && "
+                  f"dd if=/dev/zero of={STATE}/filler bs=4k 2>/dev/null "
+                  f"count=$(( $(stat -f -c %a {STATE}) - {pages_left} ))")
+    fault_happened(lab.ssh(host, f"stat -f -c %a {STATE}").stdout.strip() == str(pages_left),
+                   f"{STATE} on {host} left with {pages_left} free pages")
+
+
+def unmount_state_dir(lab: LabHandle, host: str) -> None:
+    """Back to the host's own state folder: the service started on the tmpfs keeps its log open there,
+    so it is stopped first (the test's own clean-up, by its pidfile)."""
+    lab.ssh(host, f"f={STATE}/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+                  f"sleep 0.2; umount {STATE}", check=False)
+    assert lab.ssh(host, f"findmnt -n -t tmpfs {STATE}; true").stdout.strip() == ""
