@@ -73,7 +73,8 @@ def assert_tarpit_unreachable(result: dict[str, dict[str, object]], tarpit: Tarp
     fault_happened(tarpit.accepted, "the tarpit accepted a connection (fleetctl reached it)")
     entry = result["tarpit"]
     assert entry["status"] == "unreachable", entry
-    assert str(entry["reason"]).startswith(f"cannot connect to {TARPIT}:22: "), entry
+    assert entry["reason"] == (f"cannot connect to {TARPIT}:22: no SSH banner within {CONNECT}s (the port accepts "
+                               "connections, but nothing answers)"), entry
 
 
 def test_ping_with_a_tarpit_among_16_finishes_in_the_connect_timeout(

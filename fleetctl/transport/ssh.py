@@ -198,6 +198,13 @@ class SSHConnector:
                                           f"({_tried(target)}): {exc}") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            transport = conn.client.get_transport()
+            if isinstance(exc, paramiko.SSHException) and transport is not None and not transport.remote_version:
+                # paramiko gives up the negotiation at its timeout quietly, then says "No existing
+                # session": the port took the connection, but no SSH server ever spoke (a tarpit).
+                why = (f"no SSH banner within {target.connect_timeout:g}s (the port accepts connections, "
+                       "but nothing answers)")
+            conn.close()
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
 
     def _exec(self, chan: Any, command: str) -> bytes:
