@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_support import run_cli, wall_clock
-from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab
+from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
 from reliability_support import assert_whole, fault_happened
-
-from fleetctl.lab.state import default_lab_dir
 
 pytestmark = pytest.mark.lab
 HOSTS = 16
@@ -56,7 +54,7 @@ def fleet16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandl
     why = lab_usable()
     if why:
         pytest.skip(why)
-    with private_lab(default_lab_dir("test-lab-tarpit", REPO), HOSTS, f"127.{_NET}.80.0") as lab:
+    with private_lab(worker_lab_dir("test-lab-tarpit"), HOSTS, f"127.{_NET}.80.0") as lab:
         doc = yaml.safe_load(lab.inventory_path.read_text())
         hosts = doc["all"]["children"]["lab"]["hosts"]
         hosts["tarpit"] = dict(hosts["lab1"], ansible_host=TARPIT, service_host=TARPIT, ansible_timeout=CONNECT)
