@@ -61,8 +61,8 @@ class HostKeyError(ConnectError):
 class CommandError(HostError):
     """A remote command exited non-zero or timed out (its result is 'failed')."""
 
-    def __init__(self, host: str, command: str, exit_code: int | None, stderr_tail: str) -> None:
-        what = "timed out" if exit_code is None else f"exited {exit_code}"
+    def __init__(self, host: str, command: str, exit_code: int | None, stderr_tail: str, why: str = "") -> None:
+        what = ("timed out" + (f" {why}" if why else "")) if exit_code is None else f"exited {exit_code}"
         detail = f": {stderr_tail.strip()}" if stderr_tail.strip() else ""
         super().__init__(host, f"`{command}` {what}{detail}")
         self.command = command

@@ -325,3 +325,31 @@ def unhealthy_release_spec(folder: Path) -> Path:
         "health: {timeout: 3, interval: 0.2}\n"
     )
     return spec
+
+
+def host_processes(lab: LabHandle, name: str) -> list[int]:
+    """Every process of one lab host: its sshd (the pid lab.json records) and everything in its
+    private mount namespace (sessions, agents, commands, services)."""
+    sshd = lab.pids()[name]
+    ns = os.readlink(f"/proc/{sshd}/ns/mnt")
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "mnt") == ns:
+                found.append(int(entry.name))
+        except OSError:
+            continue  # exited while we looked
+    return sorted(found)
+
+
+def host_running(lab: LabHandle, name: str, argv: list[str]) -> list[int]:
+    """The processes of one lab host whose command line is exactly ``argv``."""
+    want = "\0".join(argv) + "\0"
+    found = []
+    for pid in host_processes(lab, name):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_text() == want:
+                found.append(pid)
+        except OSError:
+            continue
+    return found

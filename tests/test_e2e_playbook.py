@@ -21,7 +21,17 @@ from typing import Any
 import pytest
 import yaml
 from cli_support import CliRun, run_cli
-from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab, unhealthy_release_spec, worker_lab_dir
+from lab_support import (
+    _NET,
+    REPO,
+    LabHandle,
+    lab_usable,
+    private_lab,
+    process_gone,
+    unhealthy_release_spec,
+    worker_lab_dir,
+)
+from reliability_support import assert_whole, fault_happened
 from sglang_support import NEW_SGLANG, wheel
 from sglang_support import make_venv as make_sglang_venv
 
@@ -220,7 +230,9 @@ def test_unreachable_host_mid_rollout(lab: LabHandle, tmp_path: Path, capsys: py
     proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "run",
                              str(book), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = wait_for_event(lab, proc, "batch_end")
+    sshd = lab.pids()["lab3"]
     lab.stop("lab3")  # its sshd and every session in it: the host is gone mid-rollout
+    fault_happened(process_gone(sshd), f"lab3's sshd (pid {sshd}) killed")
     out, err = proc.communicate(timeout=300)
     doc = json.loads(out)
     assert proc.returncode == 2 and doc["status"] == "halted", err
@@ -229,13 +241,18 @@ def test_unreachable_host_mid_rollout(lab: LabHandle, tmp_path: Path, capsys: py
     assert [e["why"] for e in events if e["event"] == "halted"] == [
         "max_failures 0 exceeded: 1 host(s) failed in this rollout"]
     lab.restore("lab3")
-    # the hosts that switched went back; lab3, back up, is on a complete release (it never switched)
+    # the hosts that switched went back; lab3, back up, is on a complete release (it never switched;
+    # its service died with its sshd)
     assert currents(lab) == dict.fromkeys(HOSTS, plain_id())
+    for host in HOSTS:
+        assert_whole(lab, host, plain_id(), serving=host != "lab3")
     # and going on with the run finishes the job everywhere
     again = run(capsys, lab, str(book), "--resume", journal.stem)
     assert again.rc == 0, again.out + again.err
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
     assert serving(lab, "lab3") == ddtree_id()
+    for host in HOSTS:
+        assert_whole(lab, host, ddtree_id())
 
 
 def wait_for_event(lab: LabHandle, proc: subprocess.Popen[str], kind: str, timeout: float = 240) -> Path:
@@ -267,9 +284,13 @@ def test_ctrl_c_stops_between_batches_and_resume_finishes(lab: LabHandle, tmp_pa
     assert stop["pending"] == ["lab2", "lab3", "lab4"]
     # no host between releases: the canary on the new one, the rest untouched
     assert currents(lab) == {"lab1": ddtree_id(), "lab2": plain_id(), "lab3": plain_id(), "lab4": plain_id()}
+    for host in HOSTS:  # each whole, state.json agreeing, lock free, serving what `current` names
+        assert_whole(lab, host, ddtree_id() if host == "lab1" else plain_id())
     again = run(capsys, lab, str(book), "--resume", journal.stem)
     assert again.rc == 0, again.out + again.err
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
+    for host in HOSTS:
+        assert_whole(lab, host, ddtree_id())
 
 
 def fingerprint(lab: LabHandle, host: str) -> str:

@@ -183,7 +183,10 @@ def test_killed_overlay_leaves_old_or_new_files_and_a_rerun_completes(
         probe = scratch_lab.ssh("lab2", "ls /var/lib/fleetctl/overlays/ | grep -c inflight", check=False)
         if probe.stdout.strip() not in ("", "0"):
             break
+        assert thread.is_alive(), f"the overlay ended before lab2 began writing: {outcome}"
         time.sleep(0.2)
+    else:
+        raise AssertionError(f"lab2 never began the overlay within 120s (last: {probe.stdout.strip()!r})")
     time.sleep(3)
     scratch_lab.stop("lab2")
     thread.join(120)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cli_support import run_cli
 from lab_support import LabHandle
+from reliability_support import assert_state_sound, fault_happened
 
 pytestmark = pytest.mark.lab
 PLAIN = Path(__file__).resolve().parents[1] / "playbooks" / "releases" / "sglang-0.5.23-lab.yml"
@@ -42,11 +43,15 @@ def _ppid(pid: int) -> int:
     raise AssertionError(f"no PPid for {pid}")
 
 
-def _running(pid: int) -> bool:
+def _state(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return "gone"
+
+
+def _running(pid: int) -> bool:
+    return _state(pid) not in ("Z", "X", "gone")
 
 
 def test_stale_lock_of_a_killed_run_is_detected_and_broken_only_on_request(
@@ -78,7 +83,8 @@ def test_stale_lock_of_a_killed_run_is_detected_and_broken_only_on_request(
         os.kill(session, signal.SIGSTOP)
         child.kill()
         child.wait()
-        assert _running(agent)
+        fault_happened(_running(agent) and _state(session) == "T" and child.returncode == -signal.SIGKILL,
+                       "the holding run killed, its sshd session stopped, its agent alive")
         r = run_cli(capsys, "-i", inv, "-l", "lab3", "deploy", str(PLAIN), "--check", "--json")
         assert r.rc == 2
         reason = r.json()["hosts"]["lab3"]["reason"]
@@ -103,3 +109,5 @@ def test_stale_lock_of_a_killed_run_is_detected_and_broken_only_on_request(
     after = run_cli(capsys, "-i", inv, "deploy", str(PLAIN), "--check", "--json").json()["hosts"]
     assert [after[h]["status"] for h in ("lab1", "lab3")] == ["ok", "ok"]
     assert "locked" not in after["lab2"]["reason"]
+    for host in lab.hosts:
+        assert_state_sound(lab, host)

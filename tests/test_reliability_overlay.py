@@ -9,12 +9,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from cli_support import CliRun, run_cli
-from lab_support import REPO, LabHandle
+from lab_support import REPO, LabHandle, process_gone
+from reliability_support import assert_state_sound, fault_happened, wait_until
 from sglang_support import NEW_SGLANG, make_venv, wheel
 
 pytestmark = pytest.mark.lab
@@ -64,14 +64,18 @@ def test_sshd_killed_mid_overlay_other_target_finishes_rerun_completes(
     proc = subprocess.Popen([FLEETCTL, "-i", str(lab.inventory_path), "-l", "lab2,lab3", "venv", "overlay",
                              "--from", "lab1", "--venv", SRC, "--packages", "sglang", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    sshd = lab.pids()["lab2"]
     try:
-        for _ in range(600):  # until lab2 has begun to write sglang's files
-            count = lab.ssh("lab2", f"ls {SRC}/{SITE}/sglang/srt 2>/dev/null | wc -l", check=False).stdout.strip()
-            if count not in ("", "0"):
-                break
+        def still_running() -> None:
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
+
+        def writing() -> bool:  # lab2 has begun to write sglang's files
+            count = lab.ssh("lab2", f"ls {SRC}/{SITE}/sglang/srt 2>/dev/null | wc -l", check=False).stdout.strip()
+            return count not in ("", "0")
+
+        wait_until(writing, "lab2 began to write sglang's files", timeout=120, alive=still_running)
         lab.stop("lab2")
+        fault_happened(process_gone(sshd), f"lab2's sshd (pid {sshd}) killed mid-overlay")
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -104,6 +108,7 @@ def test_sshd_killed_mid_overlay_other_target_finishes_rerun_completes(
     want = sglang_files(source)
     for host in ("lab2", "lab3"):
         assert sglang_files(hashes(lab, host, f"{SRC}/{SITE}")) == want, host
+        assert_state_sound(lab, host)  # no temporary file in the state folder, no lock left held
 
 
 def test_disk_full_during_overlay_fails_cleanly(src_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,6 +116,8 @@ def test_disk_full_during_overlay_fails_cleanly(src_lab: LabHandle, capsys: pyte
     lab, target = src_lab, "/root/ov-full"
     lab.ssh("lab3", f"rm -rf {target} /var/lib/fleetctl/overlays; mkdir -p {target} && mount -t tmpfs "
                     f"-o size=2m fleetctl-full {target} && /usr/bin/python3 -m venv --without-pip {target}")
+    fault_happened(lab.ssh("lab3", f"findmnt -n -t tmpfs -o SIZE {target}").stdout.strip() == "2M",
+                   f"lab3's {target} a 2 MB tmpfs")
     try:
         r = _overlay(capsys, lab, "lab3", "--to-venv", target)
         assert r.rc == 2
@@ -133,5 +140,6 @@ def test_disk_full_during_overlay_fails_cleanly(src_lab: LabHandle, capsys: pyte
         assert lab.ssh("lab3", f"{target}/bin/python -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'"
                        ).stdout.strip() == NEW_SGLANG
         assert lab.ssh("lab3", f"find {target} -name '*.fleetctl-tmp*' | wc -l").stdout.strip() == "0"
+        assert_state_sound(lab, "lab3")
     finally:
         lab.ssh("lab3", f"umount {target}; rm -rf {target} /var/lib/fleetctl/overlays", check=False)

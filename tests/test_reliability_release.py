@@ -7,14 +7,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import run_cli, wall_clock
-from lab_support import REPO, LabHandle
-from reliability_support import assert_whole, release_state, served_release, write_spec
+from lab_support import REPO, LabHandle, process_gone
+from reliability_support import (
+    assert_whole,
+    fault_happened,
+    release_state,
+    served_release,
+    wait_until,
+    write_spec,
+)
 
 from fleetctl.release.spec import load_spec
 
@@ -227,6 +233,8 @@ def test_disk_full_during_the_build_fails_cleanly(deployed_lab: LabHandle, tmp_p
         assert run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(first)).rc == 0
         lab.ssh("lab2", "dd if=/dev/zero of=/opt/fleetctl/filler bs=4k 2>/dev/null "
                         "count=$(( $(stat -f -c %a /opt/fleetctl) - 2 ))")  # two pages left
+        fault_happened(lab.ssh("lab2", "findmnt -n -t tmpfs -o SIZE /opt/fleetctl; stat -f -c %a /opt/fleetctl"
+                               ).stdout.split() == ["2M", "2"], "lab2's /opt/fleetctl a full 2 MB tmpfs")
         r = run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(second), "--json")
         assert r.rc == 2
         reason = r.json()["hosts"]["lab2"]["reason"]
@@ -263,13 +271,16 @@ def test_sshd_killed_mid_deploy_then_rerun_finishes(deployed_lab: LabHandle, tmp
     old = {h: release_state(lab, h)["current"] for h in ("lab1", "lab3")}
     proc = subprocess.Popen([FLEETCTL, "-i", str(lab.inventory_path), "-l", "lab1,lab3", "deploy", str(slow),
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    sshd = lab.pids()["lab1"]
     try:
-        for _ in range(600):  # until lab1 has switched to the new release (its gate now waits)
-            if lab.ssh("lab1", "readlink /opt/fleetctl/current", check=False).stdout.strip().endswith(new):
-                break
+        def still_running() -> None:
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
+
+        # until lab1 has switched to the new release (its gate now waits)
+        wait_until(lambda: lab.ssh("lab1", "readlink /opt/fleetctl/current", check=False).stdout.strip().endswith(new),
+                   "lab1 switched to the new release", timeout=120, alive=still_running)
         lab.stop("lab1")
+        fault_happened(process_gone(sshd), f"lab1's sshd (pid {sshd}) killed")
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -285,7 +296,7 @@ def test_sshd_killed_mid_deploy_then_rerun_finishes(deployed_lab: LabHandle, tmp
     lab.start("lab1")
     state = release_state(lab, "lab1")
     assert state["current"] in (old["lab1"], new)  # old or new, whole either way
-    assert_whole(lab, "lab1", state["current"], base=BASE)
+    assert_whole(lab, "lab1", state["current"], base=BASE, serving=False)  # its service died with the host
     assert_whole(lab, "lab3", new, base=BASE)
     again = run_cli(capsys, "-i", str(lab.inventory_path), "-l", "lab1,lab3", "deploy", str(slow), "--json")
     assert again.rc == 0, again.out + again.err

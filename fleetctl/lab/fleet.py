@@ -209,7 +209,8 @@ def lab_down(directory: Path | str, purge: bool = False) -> list[LabHostStatus]:
         return []
     with _locked(paths):
         state = load_state(paths)
-        result = [_stop(paths, h) for h in state.hosts] if state else []
+        with ThreadPoolExecutor(max_workers=8) as pool:  # each stop mostly waits for its processes to exit
+            result = list(pool.map(lambda h: _stop(paths, h), state.hosts)) if state else []
         if state:
             save_state(paths, state)
         if purge and (paths.state.exists() or paths.client_key.exists()):

@@ -15,6 +15,7 @@
 #     JSON answer on stdout. With a "direct" entry in the plan the target does not read the tar
 #     from stdin: it runs the given ssh argv itself (the source host's own overlay_source stream
 #     command), sends it the source's params and reads the framed stream from its stdout.
+import contextlib
 import email.parser
 import errno
 import hashlib
@@ -371,7 +372,22 @@ class DirectSource(object):
 
 
 class DiskFull(Exception):
-    """The target venv's filesystem filled up during the transfer."""
+    """The target venv's filesystem, or the state folder (journal, manifest), filled up."""
+
+
+@contextlib.contextmanager
+def state_full_said(applier, what, after, remove=None):
+    """A full state folder while ``what`` is written: one line saying where, what, and what holds;
+    ``remove`` (a file) goes first."""
+    try:
+        yield
+    except (IOError, OSError) as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if remove and os.path.lexists(remove):
+            os.unlink(remove)
+        raise DiskFull("no space left on device in %s (writing %s); %s"
+                       % (os.path.dirname(applier.journal), what, after))
 
 
 def apply(plan, read):
@@ -384,7 +400,9 @@ def apply(plan, read):
     require_writable([[applier.site, "the venv's site-packages", None],
                       [os.path.join(applier.prefix, "bin"), "the venv's scripts", None],
                       [os.path.dirname(applier.journal), "overlay journal and manifests", "fleetctl_state_dir"]])
-    applier.begin()
+    with state_full_said(applier, "the overlay journal", "nothing written to %s: run again when there is room"
+                         % applier.prefix):
+        applier.begin()
     source = Decompressor(read)
     received = set()
     member = None
@@ -407,7 +425,11 @@ def apply(plan, read):
         raise IOError("the stream lacked %d files, e.g. %s" % (len(missing), missing[0]))
     applier.remove_old_files()
     applier.replace_dist_info()
-    manifest = write_manifest(plan, applier)
+    # Every file has landed: the journal (temp names to clear) has done its work, and goes even when
+    # the record cannot be written, so the next run does not take a finished overlay for a cut one.
+    with state_full_said(applier, "the overlay manifest", "every file is in %s, each whole; only the record "
+                         "`fleetctl drift` reads (manifest, origins) is missing" % applier.prefix, applier.journal):
+        manifest = write_manifest(plan, applier)
     os.unlink(applier.journal)
     return {"written": applier.written, "removed": applier.removed, "bytes_in": source.bytes_in,
             "seconds": round(time.time() - started, 3), "manifest": manifest}

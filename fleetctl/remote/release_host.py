@@ -28,7 +28,15 @@ _LOCK = {"fd": None}
 
 
 class DiskFull(Exception):
-    """The filesystem holding the releases filled up during a build."""
+    """The filesystem holding the releases (a build) or the state folder (lock, state) is full."""
+
+
+def disk_full(exc):
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_message(path, after):
+    return "no space left on device in %s (writing %s); %s" % (os.path.dirname(path), os.path.basename(path), after)
 
 
 def main(params):
@@ -79,10 +87,16 @@ def op_lock(params):
             continue
         os.close(fd)
         return {"locked": False, "holder": holder}
-    _LOCK["fd"] = fd
     holder = dict(params.get("holder") or {}, agent_pid=os.getpid(), agent_start=process_start(os.getpid()),
                   since=time.time())
-    write_json(path + ".holder", holder)
+    try:
+        write_json(path + ".holder", holder)
+    except BaseException as exc:
+        os.close(fd)  # not held without its holder record: the next run must not find a nameless lock
+        if disk_full(exc):
+            raise DiskFull(full_message(path + ".holder", "nothing changed"))
+        raise
+    _LOCK["fd"] = fd
     return {"locked": True, "broke": broke} if broke else {"locked": True}
 
 
@@ -403,19 +417,37 @@ def op_switch(params):
     if read_json(os.path.join(releases_dir(params), target_id, "manifest.json")) is None:
         raise RuntimeError("release %s is not on this host (or incomplete)" % target_id)
     before = current_id(root)
-    link = os.path.join(root, ".current.tmp-%d" % os.getpid())
-    if os.path.lexists(link):
-        os.unlink(link)
-    os.symlink(os.path.join("releases", target_id), link)
-    os.rename(link, os.path.join(root, "current"))  # rename(2) over the old link: atomic
     state_path = os.path.join(params["state_dir"], "state.json")
     state = read_json(state_path) or {}
     history = state.get("history", [])
     history.append({"time": time.time(), "from": before, "to": target_id, "reason": params.get("reason", ""),
                     "who": params.get("who", "")})
     previous = before if before != target_id else state.get("previous")
+    # state.json is written whole before the link moves and renamed over the old one after it: a
+    # full state folder refuses the switch with nothing switched; the link and state.json never
+    # disagree (a host is never half-switched).
     os.makedirs(params["state_dir"], exist_ok=True)
-    write_json(state_path, {"current": target_id, "previous": previous, "history": history[-200:]})
+    data = json.dumps({"current": target_id, "previous": previous, "history": history[-200:]}, indent=1,
+                      sort_keys=True).encode("utf-8")
+    try:
+        staged = write_temp(state_path, data, 0o644)
+    except BaseException as exc:
+        if disk_full(exc):
+            raise DiskFull(full_message(state_path, "nothing switched, %s is still current" % (before or "no release")))
+        raise
+    link = os.path.join(root, ".current.tmp-%d" % os.getpid())
+    try:
+        discard(link)
+        os.symlink(os.path.join("releases", target_id), link)
+        os.rename(link, os.path.join(root, "current"))  # rename(2) over the old link: atomic
+    except BaseException as exc:
+        discard(link)
+        discard(staged)
+        if disk_full(exc):
+            raise DiskFull(full_message(os.path.join(root, "current"), "nothing switched, %s is still current"
+                                        % (before or "no release")))
+        raise
+    os.replace(staged, state_path)
     return {"from": before, "to": target_id, "previous": previous}
 
 

@@ -55,6 +55,17 @@ def temp_name(path):
 
 def atomic_write(path, data, mode=None, mtime=None):
     """Write `data` to a temporary name beside `path`, then rename: readers see old or new, never half."""
+    tmp = write_temp(path, data, mode, mtime)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def write_temp(path, data, mode=None, mtime=None):
+    """`data` written whole under the temporary name of `path` (returned); renaming it over `path`
+    is then the commit. On any failure (a full disk) no temporary file is left."""
     folder = os.path.dirname(path)
     if folder and not os.path.isdir(folder):
         os.makedirs(folder)
@@ -71,11 +82,15 @@ def atomic_write(path, data, mode=None, mtime=None):
             os.chmod(tmp, mode & 0o7777)
         if mtime is not None:
             os.utime(tmp, (mtime, mtime))
-        os.replace(tmp, path)
     except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)  # a full disk (or any failure) leaves no temporary file behind
+        discard(tmp)  # a full disk (or any failure) leaves no temporary file behind
         raise
+    return tmp
+
+
+def discard(path):
+    if os.path.lexists(path):
+        os.unlink(path)
 
 
 def relocate_file(path, old_prefix, new_prefix):

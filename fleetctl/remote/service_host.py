@@ -11,6 +11,7 @@ params common to all ops: name (service name), state_dir, manager ("systemd" | "
   stop: timeout
 """
 
+import errno
 import os
 import signal
 import subprocess
@@ -158,16 +159,49 @@ def start(params):
     drop = privileges_of(params.get("user"))
     if drop:
         env.update(HOME=drop[3], USER=params["user"], LOGNAME=params["user"])
-    with open(log, "ab") as out:
-        out.write(("\n--- %s start: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(command))).encode())
-        out.flush()
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
-                                preexec_fn=become_user(drop) if drop else None)
+    try:
+        with open(log, "ab") as out:
+            out.write(("\n--- %s start: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(command))).encode())
+            out.flush()
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
+                                    preexec_fn=become_user(drop) if drop else None)
+    except (IOError, OSError) as exc:
+        raise_if_full(exc, log)
+        raise
     marker = command[0]
-    with open(pidfile, "w") as handle:
-        handle.write("%d\n%s\n" % (proc.pid, marker))
+    try:
+        write_pidfile(pidfile, "%d\n%s\n" % (proc.pid, marker))
+    except BaseException as exc:
+        # A service nobody can find by its pidfile would run on untracked: end it, say why.
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise_if_full(exc, pidfile)
+        raise
     return {"manager": "process", "running": True, "pid": proc.pid, "started": True, "log": log}
+
+
+class DiskFull(Exception):
+    """The state folder holding the service's pidfile and log is full."""
+
+
+def raise_if_full(exc, path):
+    if isinstance(exc, (IOError, OSError)) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFull("no space left on device in %s (writing %s); the service was not started"
+                       % (os.path.dirname(path), os.path.basename(path)))
+
+
+def write_pidfile(path, text):
+    """Written whole under a temporary name, then renamed: never an empty or cut pidfile."""
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def privileges_of(user):

@@ -198,6 +198,13 @@ class SSHConnector:
                                           f"({_tried(target)}): {exc}") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            transport = conn.client.get_transport()
+            if isinstance(exc, paramiko.SSHException) and transport is not None and not transport.remote_version:
+                # paramiko gives up the negotiation at its timeout quietly, then says "No existing
+                # session": the port took the connection, but no SSH server ever spoke (a tarpit).
+                why = (f"no SSH banner within {target.connect_timeout:g}s (the port accepts connections, "
+                       "but nothing answers)")
+            conn.close()
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
 
     def _exec(self, chan: Any, command: str) -> bytes:
@@ -232,6 +239,7 @@ class SSHConnector:
         pid = _PidReader()
         err.add(pid.strip(early))
         started = become.StartedStripper() if self.target.become else None
+        heard = time.monotonic()  # when the host last sent anything on this channel
         try:
             while True:
                 busy = False
@@ -242,11 +250,17 @@ class SSHConnector:
                 while chan.recv_stderr_ready():
                     err.add(pid.strip(chan.recv_stderr(65536)))
                     busy = True
+                if busy:
+                    heard = time.monotonic()
                 if not busy and chan.exit_status_ready():
                     break
                 if deadline is not None and time.monotonic() >= deadline:
-                    self._kill_group(pid.pid)
-                    raise CommandError(self.host, command, None, tail_text(err.text()))
+                    silent = time.monotonic() - heard
+                    killed = self._kill_group(pid.pid)
+                    why = (f"after {timeout:g}s" if killed else
+                           f"after {timeout:g}s: the host stopped answering (nothing from it for {silent:.0f}s, "
+                           f"and no answer within {self.target.connect_timeout:g}s to ending the command)")
+                    raise CommandError(self.host, command, None, tail_text(err.text()), why)
                 if not busy:
                     left = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
                     select.select([chan], [], [], left)
@@ -255,10 +269,11 @@ class SSHConnector:
             chan.close()
         return CommandResult(command, rc, out.text(), err.text(), time.monotonic() - start)
 
-    def _kill_group(self, pid: int | None) -> None:
-        """End a timed-out command and everything it started (its process group) on the host."""
+    def _kill_group(self, pid: int | None) -> bool:
+        """End a timed-out command and everything it started (its process group) on the host; False
+        when the host did not answer (a frozen or vanished host: nothing more can be done from here)."""
         if pid is None:
-            return
+            return False
         try:
             chan = self._open().client.get_transport().open_session(timeout=self.target.connect_timeout)
             if self.target.become is None:  # the pid leads the session sshd made
@@ -267,10 +282,13 @@ class SSHConnector:
                 group = f"$(ps -o pgid= -p {pid} | tr -d ' ')"
                 self._exec(chan, f"g={group}; [ -n \"$g\" ] || exit 0; kill -TERM -$g; sleep 1; "
                                  "kill -KILL -$g 2>/dev/null; echo done")
-            chan.recv_exit_status()
+            if not chan.status_event.wait(self.target.connect_timeout + 5):  # a host gone quiet mid-kill
+                chan.close()
+                return False
             chan.close()
         except Exception:  # best effort: the session's end closes the command's pipes anyway
-            pass
+            return False
+        return True
 
     def forward(self, hostname: str, port: int) -> Any:
         """A channel from this host to ``hostname:port`` (what a ProxyJump through it carries)."""

@@ -1,0 +1,73 @@
+"""The controller SIGKILLed mid-rollout, while a batch's health gate waits: the host in that batch is
+switched (whole) or not, never half; `fleetctl run --resume RUN_ID` skips the host that finished and
+takes the rest through, every host whole and serving the new release at the end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_support import run_cli
+from lab_support import LabHandle
+from reliability_support import assert_whole, fault_happened, release_state, tiny_releases, wait_until
+
+from fleetctl.release.spec import load_spec
+
+pytestmark = pytest.mark.lab
+# The new release's server answers /health only after 6 s: the kill lands inside the gate.
+SLOW = 'service:\n  standin: true\n  args: [--standin-start-delay, "6"]\nhealth: {timeout: 60, interval: 0.2}\n'
+
+
+def journal_events(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_controller_killed_in_a_health_gate_then_resume_finishes(
+        scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab, inv = scratch_lab, str(scratch_lab.inventory_path)
+    (first,) = tiny_releases(lab, tmp_path, ["v1"])
+    second = tmp_path / "v2.yml"
+    second.write_text(first.read_text().replace("name: v1", "name: v2").split("service:")[0] + SLOW)
+    old, new = load_spec(first).release_id, load_spec(second).release_id
+    assert run_cli(capsys, "-i", inv, "deploy", str(first)).rc == 0
+    book = tmp_path / "rollout.yml"
+    book.write_text(yaml.safe_dump([{"name": "rollout", "hosts": "lab", "serial": 1, "on_failure": "rollback_all",
+                                     "tasks": [{"name": "deploy", "release": str(second)}]}]))
+    runs = lab.dir / ".fleetctl" / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", inv, "run", str(book)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def still_running() -> None:
+            assert proc.poll() is None, proc.communicate()
+
+        # batch 2 (lab2) has switched and waits for /health: kill the controller there
+        wait_until(lambda: release_state(lab, "lab2")["current"] == new, "lab2 switched to the new release",
+                   timeout=120, interval=0.2, alive=still_running)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    fault_happened(proc.returncode == -signal.SIGKILL, "the controller died of SIGKILL")
+    (journal,) = runs.glob("*.jsonl")
+    events = journal_events(journal)
+    fault_happened(not any(e["event"] == "run_end" for e in events), "the run ended before the kill")
+    assert any(e["event"] == "host_done" and e.get("host") == "lab1" for e in events)
+    # no host half-switched: lab1 finished on v2; lab2 switched to v2 (whole, its gate never passed)
+    assert_whole(lab, "lab1", new)
+    assert_whole(lab, "lab2", new, serving=None)
+    again = run_cli(capsys, "-i", inv, "run", str(book), "--resume", journal.stem, "--json")
+    assert again.rc == 0, again.out + again.err
+    resumed = journal_events(journal)
+    after = resumed[next(i for i, e in enumerate(resumed) if e["event"] == "resume"):]
+    assert [e["hosts"] for e in after if e["event"] == "batch_start"] == [["lab2"]]  # lab1 skipped
+    assert next(e for e in reversed(resumed) if e["event"] == "run_end")["status"] == "ok"
+    for host in lab.hosts:
+        assert_whole(lab, host, new)
+    assert old != new
