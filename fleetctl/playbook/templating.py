@@ -3,7 +3,8 @@
 A string that is one expression (``"{{ ports }}"``) keeps its type (a list stays a list), as in
 Ansible; anything else renders to text. ``when``/``until``/``that`` are bare expressions.
 A few filters and tests users of Ansible reach for: ``quote`` (shell quoting), ``to_json``,
-``bool``, ``basename``; ``is version(...)``, ``is failed|succeeded|changed|skipped``, ``is search(regex)``.
+``bool``, ``basename`` (Ansible's others in ``filters.py``); ``is version(...)``,
+``is failed|succeeded|changed|skipped``, ``is search(regex)``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def text_environment() -> Environment:
 
 
 def _extend(env: Environment) -> None:
+    from fleetctl.playbook import filters
+
+    filters.install(env)  # Ansible's filters and lookups (regex_replace, combine, lookup('env'), ...)
     env.filters.update(quote=lambda v: shlex.quote(str(v)), to_json=lambda v: json.dumps(v, sort_keys=True),
                        bool=truthy, basename=lambda v: os.path.basename(str(v)),
                        dirname=lambda v: os.path.dirname(str(v)))
