@@ -191,11 +191,17 @@ def _lookup_file(context: Context, name: str) -> str:
     if is_encrypted(data):
         vault = context.get("__vault")
         data = (vault if isinstance(vault, Vault) else Vault()).decrypt(data.decode("ascii", "replace"), str(path))
+        vaulted = True
+    else:
+        vaulted = False
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").rstrip("\n")
     except UnicodeDecodeError:
         raise FilterError(f"lookup('file'): {path} is not UTF-8 text") from None
-    return text.rstrip("\n")
+    redact = context.get("__redact")
+    if vaulted and hasattr(redact, "learn"):  # a secret from now on, in every output and the journal
+        redact.learn([text, *(line for line in text.splitlines() if line.strip())])
+    return text
 
 
 def _lookup_values(context: Context, plugin: str, terms: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -371,7 +371,8 @@ class Runner:
         return {**ctx.vars, **self.registered.get(ctx.name, {}), **self.options.extra_vars,
                 "inventory_hostname": ctx.name, "groups": self._groups, "hostvars": _HostVars(self),
                 "batch_hosts": list(batch), "check_mode": self.options.check, "omit": filters.OMIT,
-                "playbook_dir": str(self.playbook.path.parent.resolve()), "__vault": self.services.vault}
+                "playbook_dir": str(self.playbook.path.parent.resolve()), "__vault": self.services.vault,
+                "__redact": self.journal.redact}
 
     def run_task(self, play: Play, task: Task, ctx: HostContext, batch: list[str]) -> TaskResult:
         """One task on one host (in a worker thread): once, or once per item of its loop."""
