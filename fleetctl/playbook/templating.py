@@ -82,8 +82,9 @@ def environment() -> NativeEnvironment:
 
 @lru_cache(maxsize=1)
 def text_environment() -> Environment:
-    """For whole files: text in, text out (native types would turn a JSON file into a repr)."""
-    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    """For whole files: text in, text out (native types would turn a JSON file into a repr). A block
+    tag's newline is dropped (``trim_blocks``), as Ansible's template module does."""
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False, trim_blocks=True)
     _extend(env)
     return env
 
