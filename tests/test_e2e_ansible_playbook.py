@@ -20,6 +20,7 @@ from cli_support import run_cli
 from lab_support import SCRATCH_LAB_BASE, SCRATCH_LAB_DIR, SCRATCH_LAB_HOSTS, LabHandle, lab_usable, private_lab
 from test_inventory_ansible import VENV, _ansible_works, _install_ansible
 
+pytestmark = pytest.mark.lab
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ansible_side_by_side"
 PASSWORD = "side-by-side vault password"
 TOKEN = "tok-9f8e7d6c5b4a"  # the value inside vars/secret.yml once decrypted
