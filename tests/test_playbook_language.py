@@ -251,7 +251,8 @@ def test_vars_files_with_vault_and_import_playbook(inv: Path, tmp_path: Path,
              {"name": "token", "shell": "echo {{ api_token }} > " + str(tmp_path / "{{ inventory_hostname }}.tok")},
              {"name": "vault copy", "copy": {"src": "token.vault",
                                              "dest": str(tmp_path / "{{ inventory_hostname }}.v")}},
-             {"name": "color", "debug": {"msg": "{{ color }} {{ lookup('file', 'token.vault') }}"}}]},
+             {"name": "color", "debug": {"msg": "{{ color }} {{ lookup('file', 'token.vault') }}"}},
+             {"name": "show token", "debug": {"var": "api_token"}}]},
         {"import_playbook": "second.yml"}])
     r = run_cli(capsys, "-i", str(inv), "--vault-password-file", str(password), "run", str(tmp_path / "book.yml"),
                 "--json")
@@ -261,6 +262,7 @@ def test_vars_files_with_vault_and_import_playbook(inv: Path, tmp_path: Path,
     assert (tmp_path / "one.v").read_text() == "vaulted file body\n"
     assert named(doc, "one", "color")["msg"] == "from-vars-file ********"  # vars_files beat play vars
     assert named(doc, "two", "imported task")["msg"] == "eu"
+    assert named(doc, "one", "show token")["msg"] == "api_token: ********"
     assert "tok-1234567890" not in r.out and "tok-1234567890" not in Path(doc["journal"]).read_text()
 
 
@@ -278,7 +280,8 @@ def test_file_lineinfile_fetch(inv: Path, tmp_path: Path, capsys: pytest.Capture
         {"name": "line", "lineinfile": {"path": conf, "line": "user=web"}},
         {"name": "replace", "lineinfile": {"path": conf, "regexp": "^port=", "line": "port={{ 8000 + n }}"}},
         {"name": "before", "lineinfile": {"path": conf, "line": "# managed", "insertbefore": "BOF"}},
-        {"name": "gone", "file": {"path": f"{base}/{{{{ inventory_hostname }}}}/nothing", "state": "absent"}},
+        {"name": "gone", "file": {"path": f"{base}/{{{{ inventory_hostname }}}}/nothing", "state": "absent",
+                                  "mode": "{{ no_such_var | default(omit) }}"}},
         {"name": "fetch", "fetch": {"src": conf, "dest": "fetched"}},
     ])
     r = run(capsys, inv, str(path), "--json")
