@@ -168,9 +168,12 @@ def test_changed_when_failed_when_no_log_environment_args(inv: Path, tmp_path: P
         {"name": "fact", "set_fact": {"doubled": "{{ n * 2 }}", "listed": ["{{ n }}"]}},
         {"name": "show", "debug": {"var": "doubled"}},
         {"name": "show msg", "debug": {"msg": "n={{ n }} {{ missing | default(omit) }}"}},
+        {"name": "task vars", "debug": {"msg": "{{ va }}-{{ vb }}"}, "vars": {"va": "{{ n + 1 }}", "vb": "{{ va }}x"},
+         "register": "tv"},
         {"name": "check", "assert": {"that": [
             "x.rc == 3", "e.stdout == 'hi there; $(id)|' ~ n", "p.stdout == '/'", "doubled == n * 2",
-            "h.stdout == 'the-password-is-swordfish'", "listed == [n]"]}},
+            "h.stdout == 'the-password-is-swordfish'", "listed == [n]",
+            "tv.msg == (n + 1) ~ '-' ~ (n + 1) ~ 'x'", "va is not defined"]}},
         {"name": "fails by failed_when", "shell": "true", "failed_when": ["true", "n == 2"]},
     ])
     r = run(capsys, inv, str(path), "--json")

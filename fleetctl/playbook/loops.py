@@ -37,6 +37,18 @@ def loop_items(task: Task, variables: dict[str, Any], where: str) -> list[Any]:
     return value
 
 
+def task_vars(task: Task, variables: dict[str, Any], where: str) -> dict[str, Any]:
+    """The task's own ``vars``, rendered in order (each may use the ones before it)."""
+    scope = dict(variables)
+    out: dict[str, Any] = {}
+    for key, value in task.options.vars.items():
+        try:
+            out[key] = scope[key] = templating.render(value, scope)
+        except templating.TemplateProblem as exc:
+            raise InputError(f"{where}: vars.{key}: {exc}") from None
+    return out
+
+
 def _label(ctl: LoopControl, item: Any, variables: dict[str, Any]) -> str:
     if ctl.label is None:
         text = str(item)

@@ -380,6 +380,7 @@ class Runner:
         variables = self.task_vars(ctx, batch)
         if task.role_dir:
             variables["role_path"] = str(task.role_dir)
+        variables.update(loops.task_vars(task, variables, where))
         if task.options.loop_items is not None:
             return loops.run_loop(task, variables, where, partial(self.run_item, task, ctx, where=where))
         return self.run_item(task, ctx, variables, where)

@@ -26,7 +26,7 @@ from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
              "become_user", "delegate_to", "run_once", "loop", "with_items", "loop_control", "notify",
-             "changed_when", "failed_when", "no_log", "environment", "args", "listen")
+             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars")
 BLOCK_KEYS = ("block", "rescue", "always", "name", "when", "tags", "become", "become_user", "delegate_to",
               "run_once")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
@@ -145,6 +145,7 @@ class TaskOptions(BaseModel):
     failed_when: Condition = None
     no_log: bool = False
     environment: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    vars: dict[str, Any] = Field(default_factory=dict)  # the task's own variables (above the play's)
 
     @field_validator("tags", "notify", "listen", mode="before")
     @classmethod
