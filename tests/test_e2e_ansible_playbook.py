@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,32 +79,38 @@ def test_same_playbook_same_end_state_as_ansible_playbook(book: Path, tmp_path: 
     if why:
         pytest.skip(why)
     password = tmp_path / "vault-pass"
+    seconds: list[tuple[str, float]] = []  # printed (-s) for the record, never asserted
 
     def with_ansible(lab: LabHandle) -> list[dict[str, dict[str, int]]]:
         known = f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes " \
                 "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
         recaps = []
         for _ in range(2):
+            started = time.monotonic()
             done = subprocess.run([str(ansible_bin / "ansible-playbook"), "-i", str(lab.inventory_path),
                                    "--vault-password-file", str(password), "--ssh-common-args", known,
                                    str(book / "site.yml")], capture_output=True, text=True, cwd=lab.dir,
                                   env=_ansible_env(tmp_path), timeout=300)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+            seconds.append(("ansible-playbook", time.monotonic() - started))
             recaps.append({m[0]: dict(zip(KEYS, map(int, m[1:]), strict=True)) for m in RECAP.findall(done.stdout)})
         return recaps
 
     def with_fleetctl(lab: LabHandle) -> list[dict[str, dict[str, int]]]:
         recaps = []
         for _ in range(2):
+            started = time.monotonic()
             r = run_cli(capsys, "-i", str(lab.inventory_path), "--vault-password-file", str(password), "run",
                         str(book / "site.yml"), "--json")
             assert r.rc == 0, r.out[-3000:] + r.err
+            seconds.append(("fleetctl run", time.monotonic() - started))
             assert TOKEN not in r.out and TOKEN not in Path(r.json()["journal"]).read_text()
             recaps.append({h: {k: c[k] for k in KEYS} for h, c in r.json()["recap"].items()})
         return recaps
 
     ansible_recaps, ansible_files = _fresh_lab(with_ansible)
     fleet_recaps, fleet_files = _fresh_lab(with_fleetctl)
+    print("side by side:", ", ".join(f"{tool} {s:.1f}s" for tool, s in seconds), json.dumps(fleet_recaps))
     # What Ansible made, for the record: a lab2-only file, both handlers once, the vault's values
     assert "./lab2-only" in ansible_files["lab2"] and "./lab2-only" not in ansible_files["lab1"]
     for host in ("lab1", "lab2"):
