@@ -36,6 +36,7 @@ def test_reboot_waits_for_the_host_to_come_back(scratch_lab: LabHandle, tmp_path
         {"name": "after", "shell": "kill -0 {{ p.stdout }} 2>/dev/null && echo running || echo gone",
          "register": "after"},
         {"name": "saw it", "assert": {"that": ["r.rebooted", "r is changed", "after.stdout == 'gone'"]}},
+        {"name": "agent after", "copy": {"content": "back\n", "dest": "/root/after-reboot"}},
     ]}], sort_keys=False))
     with serve_restarts(lab.dir) as restarted:
         r = run_cli(capsys, "-i", str(lab.inventory_path), "run", str(book), "--json")
@@ -45,7 +46,8 @@ def test_reboot_waits_for_the_host_to_come_back(scratch_lab: LabHandle, tmp_path
     for host in lab.hosts:
         assert after[host] != before[host]
         assert lab.pids()[host] != pids[host]  # a new sshd: the host really went down and came back
-    assert {h: c["changed"] for h, c in r.json()["recap"].items()} == {"lab1": 3, "lab2": 3}
+        assert lab.ssh(host, "cat /root/after-reboot").stdout == "back\n"  # modules work over the new session
+    assert {h: c["changed"] for h, c in r.json()["recap"].items()} == {"lab1": 4, "lab2": 4}
 
 
 def test_reboot_that_never_comes_back_fails_in_time(scratch_lab: LabHandle, tmp_path: Path,
