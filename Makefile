@@ -69,9 +69,11 @@ wheels:
 	$(PY) scripts/wheelhouse.py fetch $(FULL_LOCK) $(FULL_WHEELS)
 
 # --whole-suite (tests/skip_guard.py): a skip not on tests/skip_allowlist.py, a deselected test, or
-# fewer than 140 lab tests passed (not root, no unshare, ...) fails the run.
+# fewer than 140 lab tests passed (not root, no unshare, ...) fails the run. Two pytest-xdist
+# workers, each with its own labs (tests/lab_support.py), take whole modules, longest first
+# (tests/conftest.py): most of a lab test's time is spent waiting on sshd and servers.
 pytest: deps chromium wheels
-	$(BIN)/pytest -q -p no:cacheprovider --whole-suite
+	$(BIN)/pytest -q -p no:cacheprovider --whole-suite -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test: lint typecheck pytest
 

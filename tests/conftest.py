@@ -30,6 +30,20 @@ def pytest_configure(config: pytest.Config) -> None:
     skip_guard.pytest_configure(config)
 
 
+# `make pytest` runs two pytest-xdist workers, each taking whole modules (--dist loadfile) in this
+# order: the longest modules first, so both workers end at about the same time. Order within a
+# module is kept.
+LONGEST_FIRST = (
+    "test_e2e_full_env.py", "test_e2e_rollout_serving.py", "test_e2e_playbook.py", "test_e2e_release.py",
+    "test_reliability_release.py", "test_e2e_become.py", "test_e2e_nonroot.py", "test_e2e_kernels.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # The machine's own ~/.ssh/config must not steer the tests; those about ssh_config write their own.
 os.environ["FLEETCTL_SSH_CONFIG"] = "none"
 

@@ -37,13 +37,24 @@ from fleetctl.lab.sshd import UNSHARE
 from fleetctl.lab.state import default_lab_dir
 
 REPO = Path(__file__).resolve().parent.parent
-SESSION_LAB_DIR = default_lab_dir("test-lab", REPO)  # outside REPO when REPO is under /root
-# A second octet per checkout: two clones testing at once (or a CI clone beside a working tree)
-# never fight over addresses; a lab started by hand stays on 127.0.1.x.
-_NET = 100 + int(hashlib.sha256(str(REPO).encode()).hexdigest(), 16) % 100
+# Under pytest-xdist (`make pytest` runs two workers) each worker is its own pytest session with
+# its own labs: a folder suffix and a second octet of its own, so workers never share a host.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
+
+
+def worker_lab_dir(name: str) -> Path:
+    """A lab folder of this checkout and this xdist worker (outside REPO when REPO is under /root)."""
+    return default_lab_dir(f"{name}-{WORKER}" if WORKER else name, REPO)
+
+
+SESSION_LAB_DIR = worker_lab_dir("test-lab")
+# A second octet per checkout and worker: two clones testing at once (or a CI clone beside a
+# working tree) never fight over addresses; a lab started by hand stays on 127.0.1.x.
+_NET = 100 + (int(hashlib.sha256(str(REPO).encode()).hexdigest(), 16) + _WORKER_INDEX) % 100
 SESSION_LAB_BASE = f"127.{_NET}.77.0"
 SESSION_LAB_HOSTS = 3
-SCRATCH_LAB_DIR = default_lab_dir("test-lab-scratch", REPO)
+SCRATCH_LAB_DIR = worker_lab_dir("test-lab-scratch")
 SCRATCH_LAB_BASE = f"127.{_NET}.78.0"
 SCRATCH_LAB_HOSTS = 2
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from skip_allowlist import ALLOWED_SKIPS
@@ -46,6 +47,8 @@ class SkipGuard:
     lab_passed: int = 0
     allowed_skips: list[tuple[str, str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    role: str = "single"  # "worker" or "controller" under pytest-xdist
+    lab_total: int = 0
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -65,10 +68,26 @@ class SkipGuard:
             self._skipped(report.nodeid, _skip_reason(report))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.role == "worker":  # the controller of the workers sees this report too and counts it
+            return
         if report.skipped and not hasattr(report, "wasxfail"):
             self._skipped(report.nodeid, _skip_reason(report))
-        elif report.when == "call" and report.passed and report.nodeid in self.lab_items:
+        elif report.when == "call" and report.passed and (report.nodeid in self.lab_items or "lab" in report.keywords):
             self.lab_passed += 1
+
+    # Under pytest-xdist, collection (lab items, deselections, collection skips) happens in the
+    # workers and test reports reach the controller: each worker hands its findings over when it ends.
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        found = getattr(node, "workeroutput", {}).get("skip_guard")
+        if found is None:
+            return
+        self.lab_total = max(self.lab_total, found["lab_items"])  # every worker collects every test
+        for problem in found["problems"]:
+            if problem not in self.problems:
+                self.problems.append(problem)
+        for skip in found["allowed"]:
+            if tuple(skip) not in self.allowed_skips:
+                self.allowed_skips.append(tuple(skip))
 
     def _skipped(self, nodeid: str, reason: str) -> None:
         why = allowed(nodeid, reason)
@@ -79,11 +98,17 @@ class SkipGuard:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.role == "worker":
+            workeroutput = session.config.workeroutput  # type: ignore[attr-defined]
+            workeroutput["skip_guard"] = {"problems": self.problems, "allowed": self.allowed_skips,
+                                          "lab_items": len(self.lab_items)}
+            return
+        self.lab_total = max(self.lab_total, len(self.lab_items))
         if self.whole_suite and self.lab_passed < self.min_lab_passed:
             from lab_support import lab_usable
 
             why = lab_usable() or "the lab could be started; see the lab tests' own failures"
-            self.problems.append(f"only {self.lab_passed} of {len(self.lab_items)} lab tests passed "
+            self.problems.append(f"only {self.lab_passed} of {self.lab_total} lab tests passed "
                                  f"(at least {self.min_lab_passed} must): {why}")
         if self.problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -95,7 +120,7 @@ class SkipGuard:
             for nodeid, reason, why in self.allowed_skips:
                 tr.line(f"{nodeid}: {reason}\n    allowed because: {why}")
         if self.whole_suite:
-            tr.line(f"lab tests passed: {self.lab_passed} of {len(self.lab_items)} (at least {self.min_lab_passed})")
+            tr.line(f"lab tests passed: {self.lab_passed} of {self.lab_total} (at least {self.min_lab_passed})")
         if self.problems:
             tr.section("skip guard: this run fails", red=True, bold=True)
             for problem in self.problems:
@@ -111,5 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    guard = SkipGuard(config.getoption("--whole-suite"), config.getoption("--min-lab-passed"))
+    role = ("worker" if hasattr(config, "workerinput")
+            else "controller" if getattr(config.option, "numprocesses", None) else "single")
+    guard = SkipGuard(config.getoption("--whole-suite"), config.getoption("--min-lab-passed"), role=role)
     config.pluginmanager.register(guard, "fleetctl-skip-guard")

@@ -21,18 +21,17 @@ from typing import Any
 import pytest
 import yaml
 from cli_support import CliRun, run_cli
-from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab, unhealthy_release_spec
+from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab, unhealthy_release_spec, worker_lab_dir
 from sglang_support import NEW_SGLANG, wheel
 from sglang_support import make_venv as make_sglang_venv
 
-from fleetctl.lab.state import default_lab_dir
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
 RELEASES = REPO / "playbooks" / "releases"
 PLAIN = RELEASES / "sglang-0.5.23-lab.yml"
 DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
-ROLLOUT_LAB_DIR = default_lab_dir("test-lab-rollout", REPO)
+ROLLOUT_LAB_DIR = worker_lab_dir("test-lab-rollout")
 ROLLOUT_LAB_BASE = f"127.{_NET}.79.0"
 HOSTS = ["lab1", "lab2", "lab3", "lab4"]
 

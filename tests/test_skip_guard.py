@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,59 +56,68 @@ def _pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproc
                           cwd=cwd, env=child_env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture
-def inner(tmp_path: Path) -> Path:
+@dataclass
+class Inner:
+    path: Path
+    workers: tuple[str, ...]  # () or ("-n", "2"): `make pytest` runs under pytest-xdist
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return _pytest(self.path, *self.workers, *args)
+
+
+@pytest.fixture(params=[(), ("-n", "2")], ids=["one-process", "xdist"])
+def inner(tmp_path: Path, request: pytest.FixtureRequest) -> Inner:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    lab: lab\n")
-    return tmp_path
+    return Inner(tmp_path, request.param)
 
 
-def test_allowed_skip_passes_and_says_why(inner: Path) -> None:
-    r = _pytest(inner)
+def test_allowed_skip_passes_and_says_why(inner: Inner) -> None:
+    r = inner.run()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "test_inner.py::test_allowed: no widget here today" in r.stdout
     assert "allowed because: widgets are rare" in r.stdout
 
 
-def test_unexpected_skip_fails_the_run(inner: Path) -> None:
-    (inner / "test_more.py").write_text("import pytest\n\ndef test_gone():\n    pytest.skip('gcc missing')\n")
-    r = _pytest(inner)
+def test_unexpected_skip_fails_the_run(inner: Inner) -> None:
+    (inner.path / "test_more.py").write_text("import pytest\n\ndef test_gone():\n    pytest.skip('gcc missing')\n")
+    r = inner.run()
     assert r.returncode == 1, r.stdout + r.stderr
     assert "test_more.py::test_gone skipped: gcc missing (not on tests/skip_allowlist.py)" in r.stdout
     assert "2 passed, 2 skipped" in r.stdout  # pytest alone would exit 0 here
 
 
-def test_unexpected_skipif_and_module_skip_fail_the_run(inner: Path) -> None:
-    (inner / "test_more.py").write_text("import pytest\n\n@pytest.mark.skipif(True, reason='no 3.8')\n"
+def test_unexpected_skipif_and_module_skip_fail_the_run(inner: Inner) -> None:
+    (inner.path / "test_more.py").write_text("import pytest\n\n@pytest.mark.skipif(True, reason='no 3.8')\n"
                                         "def test_old():\n    pass\n")
-    (inner / "test_mod.py").write_text("import pytest\npytest.importorskip('no_such_module_here')\n")
-    r = _pytest(inner)
+    (inner.path / "test_mod.py").write_text("import pytest\npytest.importorskip('no_such_module_here')\n")
+    r = inner.run()
     assert r.returncode == 1, r.stdout + r.stderr
     assert "test_more.py::test_old skipped: no 3.8" in r.stdout
     assert "test_mod.py skipped: could not import 'no_such_module_here'" in r.stdout
 
 
-def test_deselection_fails_a_whole_suite_run_only(inner: Path) -> None:
-    assert _pytest(inner, "-k", "not plain").returncode == 0  # a targeted run may narrow itself
-    r = _pytest(inner, "--whole-suite", "--min-lab-passed", "1", "-k", "not plain")
+def test_deselection_fails_a_whole_suite_run_only(inner: Inner) -> None:
+    assert inner.run("-k", "not plain").returncode == 0  # a targeted run may narrow itself
+    r = inner.run("--whole-suite", "--min-lab-passed", "1", "-k", "not plain")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "test_inner.py::test_plain deselected" in r.stdout
 
 
-def test_whole_suite_needs_the_lab_tests_to_pass(inner: Path) -> None:
-    ok = _pytest(inner, "--whole-suite", "--min-lab-passed", "1")
+def test_whole_suite_needs_the_lab_tests_to_pass(inner: Inner) -> None:
+    ok = inner.run("--whole-suite", "--min-lab-passed", "1")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "lab tests passed: 1 of 1 (at least 1)" in ok.stdout
-    short = _pytest(inner, "--whole-suite", "--min-lab-passed", "2")
+    short = inner.run("--whole-suite", "--min-lab-passed", "2")
     assert short.returncode == 1
     assert "only 1 of 1 lab tests passed (at least 2 must)" in short.stdout
 
 
-def test_lab_fixture_without_the_lab_marker_fails(inner: Path) -> None:
-    (inner / "test_more.py").write_text("import pytest\n\n@pytest.fixture\ndef lab_fleet():\n    return 1\n\n"
+def test_lab_fixture_without_the_lab_marker_fails(inner: Inner) -> None:
+    (inner.path / "test_more.py").write_text("import pytest\n\n@pytest.fixture\ndef lab_fleet():\n    return 1\n\n"
                                         "def test_sneaky(lab_fleet):\n    pass\n")
-    r = _pytest(inner)
+    r = inner.run()
     assert r.returncode == 1
     assert "test_more.py::test_sneaky uses the lab but is not marked `lab`" in r.stdout
 
