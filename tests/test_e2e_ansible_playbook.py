@@ -73,6 +73,7 @@ def _fresh_lab(work: Callable[[LabHandle], list[dict[str, dict[str, int]]]]) -> 
         return recaps, _host_state(lab)
 
 
+@pytest.mark.timeout(900)  # two fresh labs and four runs: about 4 min on 2 busy cores
 def test_same_playbook_same_end_state_as_ansible_playbook(book: Path, tmp_path: Path, ansible_bin: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     why = lab_usable()
