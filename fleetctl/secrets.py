@@ -62,6 +62,10 @@ class Redactor:
     def __init__(self, values: Iterable[str]) -> None:
         self.values = sorted({v for v in values if v}, key=lambda v: (-len(v), v))
 
+    def learn(self, values: Iterable[str]) -> None:
+        """Mask these too from now on (a vault file a template read mid-run)."""
+        self.values = sorted({*self.values, *(v for v in values if v)}, key=lambda v: (-len(v), v))
+
     @classmethod
     def for_hosts(cls, host_vars: Iterable[Mapping[str, Any]]) -> Redactor:
         return cls(v for hv in host_vars for v in secret_values(hv))

@@ -55,7 +55,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     # The inventory holds -e too (extra vars are merged into every host's vars).
     redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
     # !vault values in the playbook (play vars, task arguments) are secrets too.
-    in_playbook = vault_values([*(p.model.vars for p in playbook.plays), *(t.args for t in playbook.tasks())])
+    in_playbook = vault_values([*(p.vars for p in playbook.plays), *(p.defaults for p in playbook.plays),
+                               *(t.args for t in playbook.tasks())])
     redact = Redactor([*redact.values, *in_playbook])
     if app.connect and app.connect.become_password:  # -K: never in the journal either
         redact = Redactor([*redact.values, app.connect.become_password])

@@ -89,6 +89,9 @@ def host_script(paths: LabPaths, host: LabHost) -> str:
     steps = ["set -e"]
     for sub, target in (ETC_MOUNT, *PRIVATE_MOUNTS):
         steps.append(f"mount --bind {shlex.quote(str(base / sub))} {shlex.quote(target)}")
+    # Each lab boot has its own boot id (lab/reboot.py): what a reboot is judged by.
+    boot_id = shlex.quote(str(base / "boot_id"))
+    steps.append(f"[ -f {boot_id} ] && mount --bind {boot_id} /proc/sys/kernel/random/boot_id || true")
     steps.append(f"hostname {shlex.quote(host.name)}")
     steps.append(f"exec {SSHD} -D -e -f {shlex.quote(str(paths.sshd_config(host.name)))}")
     return "\n".join(steps)

@@ -19,6 +19,7 @@ from fleetctl import yamlfile
 from fleetctl.playbook.schema import BLOCK_KEYS, Task, TaskOptions, inherit, parse_task
 
 if TYPE_CHECKING:
+    from fleetctl.playbook.handlers import Flush, Notifications
     from fleetctl.playbook.schema import Play
 
 
@@ -31,7 +32,7 @@ class Block:
     always: list[Any] = field(default_factory=list)
 
 
-Item = Task | Block
+Item = Any  # Task | Block | handlers.Flush
 
 
 class Interrupted(Exception):
@@ -45,6 +46,14 @@ class Interrupted(Exception):
 def parse_item(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, flat: list[Task],
                inherited: dict[str, Any] | None) -> Item:
     """A task, or a block of tasks; every task is appended to ``flat`` (the play's tasks, in order)."""
+    from fleetctl.playbook import handlers, includes
+
+    if isinstance(raw, dict) and ("include_tasks" in raw or "import_tasks" in raw):
+        return includes.parse_include(doc, at, raw, flat, inherited)
+    if isinstance(raw, dict) and "meta" in raw:
+        if raw["meta"] != handlers.FLUSH or len(raw) > 2 or (len(raw) == 2 and "name" not in raw):
+            raise doc.error(at + ("meta",), f"meta: only `meta: {handlers.FLUSH}` is supported (alone in its task)")
+        return handlers.Flush([], doc.line_of(at))  # the play fills in its handlers
     if not isinstance(raw, dict) or "block" not in raw:
         task = parse_task(doc, at, raw, len(flat), inherited)
         flat.append(task)
@@ -74,6 +83,9 @@ def select(items: list[Item], keep: Callable[[Task], bool]) -> list[Item]:
             if keep(item):
                 out.append(item)
             continue
+        if not isinstance(item, Block):  # a flush point stays
+            out.append(item)
+            continue
         parts = {p: select(getattr(item, p), keep) for p in ("block", "rescue", "always")}
         if parts["block"] or parts["always"]:
             out.append(Block(item.name, item.line, parts["block"], parts["rescue"], parts["always"]))
@@ -81,7 +93,8 @@ def select(items: list[Item], keep: Callable[[Task], bool]) -> list[Item]:
 
 
 def count(items: list[Item]) -> int:
-    return sum(1 if isinstance(i, Task) else count(i.block) + count(i.rescue) + count(i.always) for i in items)
+    return sum(1 if isinstance(i, Task) else count(i.block) + count(i.rescue) + count(i.always)
+               if isinstance(i, Block) else 0 for i in items)
 
 
 RunTask = Callable[[Task, list[str]], list[str]]  # a task on hosts -> the hosts that failed it
@@ -93,7 +106,9 @@ class Executor:
     a rescued host's failure out of the recap."""
 
     def __init__(self, play: Play, run_task: RunTask, stopping: Callable[[], bool],
-                 reachable: Callable[[str], bool], rescued: Callable[[str], None]) -> None:
+                 reachable: Callable[[str], bool], rescued: Callable[[str], None],
+                 notifications: Notifications | None = None) -> None:
+        self.notifications = notifications
         self.play = play
         self.run_task = run_task
         self.stopping = stopping
@@ -108,6 +123,9 @@ class Executor:
             if isinstance(item, Block):
                 self.block(item, active, failed, cleanup)
                 continue
+            if not isinstance(item, Task):
+                self.flush(item, active, failed)
+                continue
             if self.stopping() and not cleanup:
                 raise Interrupted(item)
             for host in self.run_task(item, list(active)):
@@ -115,6 +133,10 @@ class Executor:
                 failed.append(host)
             if failed and self.play.model.any_errors_fatal and not cleanup:
                 return
+
+    def flush(self, flush: Flush, active: list[str], failed: list[str]) -> None:
+        if self.notifications is not None:
+            self.notifications.run(flush, active, failed, self.run_task)
 
     def block(self, block: Block, active: list[str], failed: list[str], cleanup: bool) -> None:
         entered = list(active)

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
 from fleetctl.inventory import Inventory
-from fleetctl.playbook import blocks, capacity, releases, rollout, templating
+from fleetctl.playbook import blocks, capacity, filters, handlers, loops, outcome, releases, rollout, templating
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
@@ -125,6 +125,7 @@ class Runner:
         self.failed_before: set[str] = set()  # hosts that failed a play: left out of the later ones
         self.deadline: float | None = None  # the play's progress_deadline (monotonic)
         self.delegation = Delegation(self.services)
+        self.notifications = handlers.Notifications()
 
     # -- control -------------------------------------------------------------------------------
 
@@ -264,12 +265,13 @@ class Runner:
         """Each host's variables for this play: inventory < play vars < extra vars (-e)."""
         for name in hosts:
             ctx = self.services.session(name)
-            base = {**self.inventory.hosts[name].vars}
-            for key, value in play.model.vars.items():
+            base = {**play.defaults, **self.inventory.hosts[name].vars}
+            for key, value in play.vars.items():
                 try:
                     base[key] = templating.render(value, {**base, **self.options.extra_vars})
                 except templating.TemplateProblem as exc:
-                    raise InputError(f"{self.playbook.path}:{play.line}: vars.{key}: {exc} (host {name})") from None
+                    raise InputError(f"{play.source or self.playbook.path}:{play.line}: vars.{key}: {exc} "
+                                     f"(host {name})") from None
             ctx.vars = {**base, **self.options.extra_vars}
             self.recap.setdefault(name, Counter({k: 0 for k in RECAP_KEYS}))
             self.registered.setdefault(name, {})
@@ -281,7 +283,7 @@ class Runner:
         active = list(batch)
         failed: list[str] = []
         executor = blocks.Executor(play, partial(self.run_task_on, play, b, batch), lambda: self.stopping,
-                                   lambda h: not self.fleet.contexts[h].unreachable, self.forgive)
+                                   lambda h: not self.fleet.contexts[h].unreachable, self.forgive, self.notifications)
         try:
             executor.run(items, active, failed)
         except blocks.Interrupted as stop:
@@ -342,6 +344,8 @@ class Runner:
                                                                             "skipped": False, "msg": msg}
         if result and result.set_vars:
             self.registered[host].update(result.set_vars)
+        if status == "changed" and task.options.notify:
+            self.notifications.note(host, task, self.playbook.plays[task.play].handlers)
         counter = self.recap[host]
         counter["ok" if status in ("ok", "changed") else status] += 1
         if status == "changed":
@@ -357,6 +361,8 @@ class Runner:
             entry["diff"] = result.diff
         if result and result.data:
             entry["data"] = result.data
+        if task.options.no_log:
+            entry = outcome.hidden(entry)
         self.results.setdefault(host, []).append(self.journal.redact(entry))
         self.emit("task_result", **entry)
         return status
@@ -364,12 +370,23 @@ class Runner:
     def task_vars(self, ctx: HostContext, batch: list[str]) -> dict[str, Any]:
         return {**ctx.vars, **self.registered.get(ctx.name, {}), **self.options.extra_vars,
                 "inventory_hostname": ctx.name, "groups": self._groups, "hostvars": _HostVars(self),
-                "batch_hosts": list(batch), "check_mode": self.options.check}
+                "batch_hosts": list(batch), "check_mode": self.options.check, "omit": filters.OMIT,
+                "playbook_dir": str(self.playbook.path.parent.resolve()), "__vault": self.services.vault,
+                "__redact": self.journal.redact}
 
     def run_task(self, play: Play, task: Task, ctx: HostContext, batch: list[str]) -> TaskResult:
-        """One task on one host (in a worker thread): when, render, validate, run, retry until."""
-        where = f"{self.playbook.path}:{task.line}"
+        """One task on one host (in a worker thread): once, or once per item of its loop."""
+        where = task.where(self.playbook.path)
         variables = self.task_vars(ctx, batch)
+        if task.role_dir:
+            variables["role_path"] = str(task.role_dir)
+        variables.update(loops.task_vars(task, variables, where))
+        if task.options.loop_items is not None:
+            return loops.run_loop(task, variables, where, partial(self.run_item, task, ctx, where=where))
+        return self.run_item(task, ctx, variables, where)
+
+    def run_item(self, task: Task, ctx: HostContext, variables: dict[str, Any], where: str) -> TaskResult:
+        """when, render, validate, run, retry until."""
         try:
             for cond in task.when:
                 if not templating.truthy(templating.evaluate(cond, variables)):
@@ -409,17 +426,18 @@ class Runner:
         elif become is not None or user is not None:
             ctx = self.services.session_as(ctx.name, become, user)
         try:
-            raw = templating.render(task.args, variables)
+            raw = filters.strip_omitted(templating.render(task.args, variables))
+            env = {k: str(v) for k, v in templating.render(task.options.environment, variables).items()}
         except templating.TemplateProblem as exc:
             raise InputError(f"{where}: {task.module.name}: {exc}") from None
         try:
             args = task.module.args.model_validate(raw)
         except ValidationError as exc:
-            doc = yamlfile.YamlDoc(self.playbook.path, raw, start_line=task.line)
+            doc = yamlfile.YamlDoc(task.source or self.playbook.path, raw, start_line=task.line)
             raise yamlfile.first_error(doc, (), exc, prefix=f"{task.module.name}.") from None
         mc = ModuleContext(ctx, variables, self.options.check, self.options.diff, self.playbook.path.parent,
-                           self.services)
-        return task.module.fn(mc, args)
+                           self.services, env, task.role_dir)
+        return outcome.apply(task, variables, task.module.fn(mc, args), where)
 
     def as_release(self, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:
         return releases.as_release(self, play, fn)

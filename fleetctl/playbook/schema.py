@@ -25,7 +25,8 @@ from fleetctl.playbook.templating import TemplateProblem, check_expression, chec
 from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
-             "become_user", "delegate_to", "run_once")
+             "become_user", "delegate_to", "run_once", "loop", "with_items", "loop_control", "notify",
+             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars")
 BLOCK_KEYS = ("block", "rescue", "always", "name", "when", "tags", "become", "become_user", "delegate_to",
               "run_once")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
@@ -68,6 +69,18 @@ class PlayModel(BaseModel):
     min_healthy: int | str | None = None
     progress_deadline: float | None = Field(default=None, gt=0)
     tasks: list[Any] = Field(default_factory=list)
+    # Ansible's play structure (playbook/plays.py): facts first, vars files, roles, handlers.
+    gather_facts: bool = False  # fleetctl's default: facts are opt-in (they cost a round of probes)
+    vars_files: list[str] = Field(default_factory=list)
+    pre_tasks: list[Any] = Field(default_factory=list)
+    roles: list[Any] = Field(default_factory=list)
+    post_tasks: list[Any] = Field(default_factory=list)
+    handlers: list[Any] = Field(default_factory=list)
+
+    @field_validator("vars_files", mode="before")
+    @classmethod
+    def _one_file(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @field_validator("min_healthy", mode="before")
     @classmethod
@@ -89,6 +102,24 @@ class PlayModel(BaseModel):
         return [_check_step(s) for s in steps]
 
 
+Condition = bool | str | list[bool | str] | None
+
+
+class LoopControl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    loop_var: str = "item"
+    index_var: str | None = None
+    label: str | None = None
+
+    @field_validator("loop_var", "index_var")
+    @classmethod
+    def _var(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.match(value):
+            raise ValueError(f"needs a variable name, got {value!r}")
+        return value
+
+
 class TaskOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -104,11 +135,34 @@ class TaskOptions(BaseModel):
     become_user: str | None = None
     delegate_to: str | None = None  # an inventory host or localhost (playbook/delegation.py)
     run_once: bool = False  # once per batch, on its first host still going; the result is every host's
+    # playbook/loops.py, handlers.py, outcome.py
+    loop: str | list[Any] | None = None
+    with_items: str | list[Any] | None = None
+    loop_control: LoopControl | None = None
+    notify: list[str] = Field(default_factory=list)
+    listen: list[str] = Field(default_factory=list)  # handlers only
+    changed_when: Condition = None
+    failed_when: Condition = None
+    no_log: bool = False
+    environment: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    vars: dict[str, Any] = Field(default_factory=dict)  # the task's own variables (above the play's)
 
-    @field_validator("tags", mode="before")
+    @field_validator("tags", "notify", "listen", mode="before")
     @classmethod
     def _one_tag(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @property
+    def loop_items(self) -> str | list[Any] | None:
+        return self.loop if self.loop is not None else self.with_items
+
+    @property
+    def changed_when_list(self) -> list[bool | str]:
+        return _listed(self.changed_when)
+
+    @property
+    def failed_when_list(self) -> list[bool | str]:
+        return _listed(self.failed_when)
 
     @field_validator("register_as")
     @classmethod
@@ -127,6 +181,8 @@ class Task:
     args: dict[str, Any]
     options: TaskOptions
     line: int
+    source: Path | None = None  # the file the task is written in (an included file, a role's tasks)
+    role_dir: Path | None = None  # a role's task: its folder (files/, templates/ are looked up there)
 
     @property
     def when(self) -> list[bool | str]:
@@ -134,7 +190,7 @@ class Task:
         return [] if w is None else list(w) if isinstance(w, list) else [w]
 
     def where(self, path: Path) -> str:
-        return f"{path}:{self.line}"
+        return f"{self.source or path}:{self.line}"
 
 
 @dataclass
@@ -143,7 +199,16 @@ class Play:
     model: PlayModel
     tasks: list[Task]  # every task, those inside blocks included, in order
     line: int
-    body: list[Any] = field(default_factory=list)  # Task | blocks.Block, as written
+    body: list[Any] = field(default_factory=list)  # Task | blocks.Block | handlers.Flush, as run
+    handlers: list[Task] = field(default_factory=list)  # in definition order (roles' first)
+    defaults: dict[str, Any] = field(default_factory=dict)  # roles' defaults: below the inventory
+    more_vars: dict[str, Any] = field(default_factory=dict)  # vars_files, then roles' vars: above play vars
+    source: Path | None = None
+
+    @property
+    def vars(self) -> dict[str, Any]:
+        """The play's variables in the order they are rendered: vars, vars_files, roles' vars."""
+        return {**self.model.vars, **self.more_vars}
 
     @property
     def name(self) -> str:
@@ -167,21 +232,23 @@ class Playbook:
 
 def load_playbook(path: Path, vault: Vault | None = None) -> Playbook:
     """Read and check ``path``; the first problem raises InputError naming file:line."""
-    doc = yamlfile.load(path, "playbook", vault)
-    if not isinstance(doc.data, list) or not doc.data:
-        raise doc.error((), "a playbook is a non-empty list of plays")
-    plays = [_play(doc, i, raw) for i, raw in enumerate(doc.data)]
-    return Playbook(path, plays, hashlib.sha256(path.read_bytes()).hexdigest())
+    from fleetctl.playbook import plays
+
+    digest = hashlib.sha256()
+    found = plays.load_plays(path, vault, digest)
+    for n, play in enumerate(found):  # imported playbooks' plays are numbered in running order
+        play.index = n
+        for task in [*play.tasks, *play.handlers]:
+            task.play = n
+    return Playbook(path, found, digest.hexdigest())
 
 
-def _play(doc: yamlfile.YamlDoc, i: int, raw: Any) -> Play:
-    from fleetctl.playbook import blocks
+def _play(doc: yamlfile.YamlDoc, i: int, raw: Any, vault: Vault | None = None) -> Play:
+    from fleetctl.playbook import plays
 
     model = yamlfile.validate_at(doc, (i,), raw, PlayModel, "play")
     _check_templates(doc, (i, "vars"), model.vars)
-    flat: list[Task] = []
-    body = [blocks.parse_item(doc, (i, "tasks", j), t, flat, None) for j, t in enumerate(model.tasks)]
-    play = Play(i, model, flat, doc.line_of((i,)), body)
+    play = plays.build_play(doc, i, model, vault)
     if model.on_failure != "halt" and not play.has_module("release"):
         raise doc.error((i, "on_failure"), f"on_failure: {model.on_failure} rolls back releases, and this play "
                                            "has no `release` task")
@@ -193,6 +260,7 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
     """One task at ``at``; ``inherited``: its blocks' options (when, tags, become, delegate_to...)."""
     i, j = at[0], at[-1]
     raw = _local_action(doc, at, raw)
+    raw = _merge_args(doc, at, raw)
     if not isinstance(raw, dict):
         raise doc.error(at, f"tasks[{j}]: a task is a mapping (a module and its options), got {type(raw).__name__}")
     modules = [k for k in raw if k not in TASK_KEYS]
@@ -219,12 +287,23 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
             _check_one(doc, at + ("when",), cond, expression=True)
     if options.until is not None and options.register_as is None:
         raise doc.error(at + ("until",), "until: needs `register` to name the result it tests")
+    for key in ("changed_when", "failed_when"):
+        for cond in _listed(getattr(options, key)):
+            if isinstance(cond, str):
+                _check_one(doc, at + (key,), cond, expression=True)
+    if isinstance(options.loop_items, str):
+        _check_one(doc, at + ("loop" if options.loop is not None else "with_items",), options.loop_items, False)
+    if options.loop is not None and options.with_items is not None:
+        raise doc.error(at + ("with_items",), "with_items: a task has one loop; this one also has `loop`")
+    if options.listen and not (inherited or {}).get("handler"):
+        raise doc.error(at + ("listen",), "listen: only a handler listens (put the task under `handlers`)")
     label = options.name or f"{name} {_short(args)}".strip()
-    return Task(i, index, label, mod, args, options, doc.line_of(at))
+    return Task(i, index, label, mod, args, options, doc.line_of(at), doc.path)
 
 
 def inherit(options: TaskOptions, parent: dict[str, Any]) -> TaskOptions:
     """A block's options on a task inside it: conditions and tags add up, the task's own keywords win."""
+    parent = {k: v for k, v in parent.items() if k != "handler"}
     when = [*_listed(parent.get("when")), *_listed(options.when)]
     update: dict[str, Any] = {"when": when or None, "tags": [*parent.get("tags", []), *options.tags]}
     for key in ("become", "become_user", "delegate_to"):
@@ -237,6 +316,22 @@ def inherit(options: TaskOptions, parent: dict[str, Any]) -> TaskOptions:
 
 def _listed(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def _merge_args(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any) -> Any:
+    """``args: {...}`` beside the module: its keys join the module's own (the module's win), as Ansible."""
+    if not isinstance(raw, dict) or "args" not in raw:
+        return raw
+    extra = raw["args"]
+    if not isinstance(extra, dict):
+        raise doc.error(at + ("args",), "args: a mapping of the module's arguments")
+    modules = [k for k in raw if k not in TASK_KEYS]
+    rest = {k: v for k, v in raw.items() if k != "args"}
+    if len(modules) == 1 and (isinstance(raw[modules[0]], dict) or raw[modules[0]] is None):
+        rest[modules[0]] = {**extra, **(raw[modules[0]] or {})}
+    elif len(modules) == 1 and MODULES.get(modules[0]) and MODULES[modules[0]].free_form:
+        rest[modules[0]] = {**extra, MODULES[modules[0]].free_form: raw[modules[0]]}
+    return rest
 
 
 def _local_action(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any) -> Any:

@@ -3,7 +3,8 @@
 A string that is one expression (``"{{ ports }}"``) keeps its type (a list stays a list), as in
 Ansible; anything else renders to text. ``when``/``until``/``that`` are bare expressions.
 A few filters and tests users of Ansible reach for: ``quote`` (shell quoting), ``to_json``,
-``bool``, ``basename``; ``is version(...)``, ``is failed|succeeded|changed|skipped``, ``is search(regex)``.
+``bool``, ``basename`` (Ansible's others in ``filters.py``); ``is version(...)``,
+``is failed|succeeded|changed|skipped``, ``is search(regex)``.
 """
 
 from __future__ import annotations
@@ -81,13 +82,17 @@ def environment() -> NativeEnvironment:
 
 @lru_cache(maxsize=1)
 def text_environment() -> Environment:
-    """For whole files: text in, text out (native types would turn a JSON file into a repr)."""
-    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    """For whole files: text in, text out (native types would turn a JSON file into a repr). A block
+    tag's newline is dropped (``trim_blocks``), as Ansible's template module does."""
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False, trim_blocks=True)
     _extend(env)
     return env
 
 
 def _extend(env: Environment) -> None:
+    from fleetctl.playbook import filters
+
+    filters.install(env)  # Ansible's filters and lookups (regex_replace, combine, lookup('env'), ...)
     env.filters.update(quote=lambda v: shlex.quote(str(v)), to_json=lambda v: json.dumps(v, sort_keys=True),
                        bool=truthy, basename=lambda v: os.path.basename(str(v)),
                        dirname=lambda v: os.path.dirname(str(v)))

@@ -5,11 +5,14 @@ from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the
     drift,
     files,
     gpu_health,
+    hostfiles,
     kernels,
     net,
     probe,
     release,
     service,
+    system,
+    variables,
     venv,
 )
 from fleetctl.playbook.modules.base import MODULES, Module, ModuleContext, RunServices, TaskResult

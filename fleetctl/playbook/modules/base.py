@@ -124,14 +124,25 @@ class ModuleContext:
     diff: bool
     base_dir: Path  # the playbook's folder: relative paths in arguments resolve against it
     run: RunServices
+    environment: dict[str, str] = field(default_factory=dict)  # the task's `environment` (commands get it)
+    role_dir: Path | None = None  # a role's task: its folder
 
     @property
     def host(self) -> str:
         return self.session.name
 
-    def path(self, value: str) -> Path:
+    def path(self, value: str, sub: str = "files") -> Path:
+        """A controller path: absolute, else the first that exists of the role's ``sub/`` and folder,
+        the playbook's ``sub/`` and folder (Ansible's search); else the playbook's folder."""
         p = Path(value).expanduser()
-        return p if p.is_absolute() else self.base_dir / p
+        if p.is_absolute():
+            return p
+        bases = [self.role_dir] if self.role_dir else []
+        for base in [*bases, self.base_dir]:
+            for candidate in (base / sub / p, base / p):
+                if candidate.exists():
+                    return candidate
+        return self.base_dir / p
 
 
 A = TypeVar("A", bound=Args)

@@ -3,21 +3,34 @@ variables) and ``fail``."""
 
 from __future__ import annotations
 
+import re
 import shlex
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from fleetctl.errors import InputError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
 from fleetctl.playbook.templating import truthy
 
 OUTPUT_KEEP = 64 * 1024  # what a registered result keeps of stdout/stderr (the tail)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def with_environment(env: dict[str, str], command: str) -> str:
+    """``command`` run with these environment variables exported (names checked, values quoted)."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise InputError(f"environment: {name!r} is not a variable name")
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"export {exports}; {command}"
 
 
 class ShellArgs(Args):
     cmd: str
     chdir: str | None = None
     creates: str | None = None  # skip when this path exists on the host (idempotence, as Ansible)
+    removes: str | None = None  # skip when this path does not exist
     timeout: float | None = Field(default=None, gt=0)
 
 
@@ -28,12 +41,19 @@ def shell(mc: ModuleContext, args: ShellArgs) -> TaskResult:
         probe = mc.session.run(f"test -e {shlex.quote(args.creates)}", timeout=30)
         if probe.rc == 0:
             return TaskResult(skipped=True, msg=f"{args.creates} exists")
+    if args.removes:
+        probe = mc.session.run(f"test -e {shlex.quote(args.removes)}", timeout=30)
+        if probe.rc != 0:
+            return TaskResult(skipped=True, msg=f"{args.removes} does not exist")
     if mc.check:
         return TaskResult(skipped=True, msg="check mode: shell commands are not run")
     command = f"cd {shlex.quote(args.chdir)} && {args.cmd}" if args.chdir else args.cmd
+    if mc.environment:  # the task's `environment`, each name checked and each value quoted
+        command = with_environment(mc.environment, command)
     res = mc.session.run(command, timeout=args.timeout)
-    data = {"rc": res.rc, "stdout": res.stdout[-OUTPUT_KEEP:], "stderr": res.stderr[-OUTPUT_KEEP:],
-            "duration_s": round(res.duration_s, 3)}
+    out, err = res.stdout[-OUTPUT_KEEP:], res.stderr[-OUTPUT_KEEP:]
+    data = {"rc": res.rc, "stdout": out.rstrip("\n"), "stderr": err.rstrip("\n"),  # Ansible strips the last newline
+            "duration_s": round(res.duration_s, 3), "stdout_lines": out.splitlines(), "stderr_lines": err.splitlines()}
     if res.rc != 0:
         tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
         return TaskResult(changed=True, failed=True, msg=f"exit {res.rc}: {tail[0][:300]}", data=data)
@@ -45,7 +65,17 @@ class CommandArgs(Args):
     argv: list[str] = Field(min_length=1)
     chdir: str | None = None
     creates: str | None = None
+    removes: str | None = None
     timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cmd(cls, value: Any) -> Any:
+        """Ansible's ``cmd: "prog args"`` is the free form's other spelling."""
+        if isinstance(value, dict) and "cmd" in value and "argv" not in value:
+            value = {**value, "argv": value["cmd"]}
+            value.pop("cmd")
+        return value
 
     @field_validator("argv", mode="before")
     @classmethod
@@ -57,7 +87,8 @@ class CommandArgs(Args):
 def command(mc: ModuleContext, args: CommandArgs) -> TaskResult:
     """Run a program with its arguments, no shell in between (each word quoted); else as ``shell``."""
     line = shlex.join(args.argv)
-    return shell(mc, ShellArgs(cmd=line, chdir=args.chdir, creates=args.creates, timeout=args.timeout))
+    return shell(mc, ShellArgs(cmd=line, chdir=args.chdir, creates=args.creates, removes=args.removes,
+                               timeout=args.timeout))
 
 
 class AssertArgs(Args):

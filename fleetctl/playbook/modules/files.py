@@ -306,5 +306,5 @@ def copy(mc: ModuleContext, args: CopyArgs) -> TaskResult:
 @module("template", TemplateArgs)
 def template(mc: ModuleContext, args: TemplateArgs) -> TaskResult:
     """Render the Jinja2 file ``src`` (relative to the playbook) with the host's variables to ``dest``."""
-    text = render_template(mc, mc.path(args.src))
+    text = render_template(mc, mc.path(args.src, "templates"))
     return ensure_file(mc, args.dest, text.encode("utf-8"), args.mode_bits)

@@ -1,0 +1,175 @@
+# The host side of the playbook modules `file` and `fetch`.
+#
+# Stdlib only, Python >= 3.8. Actions (paths are absolute host paths):
+#   file: {path, state (file|directory|absent|touch|link|None), mode|None, owner|None, group|None,
+#          src|None (link target), recurse, check} -> {changed, state, actions: [what was (or would
+#          be) done]}. state None: the path's own kind (it must exist). Never follows a link it
+#          changes; a folder is created with its parents (as `mkdir -p`).
+#   read: {path, max_bytes} -> {exists, kind, size, sha256, data_b64 (None over max_bytes)}.
+# Refusals raise FileOpsError: the controller turns its message into the host's one-line failure.
+import base64
+import grp
+import hashlib
+import os
+import pwd
+import shutil
+import stat as stat_mod
+import time
+
+
+class FileOpsError(Exception):
+    pass
+
+
+def _kind(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    if stat_mod.S_ISLNK(st.st_mode):
+        return "link", st
+    if stat_mod.S_ISDIR(st.st_mode):
+        return "directory", st
+    if stat_mod.S_ISREG(st.st_mode):
+        return "file", st
+    return "other", st
+
+
+def _uid(owner):
+    if owner is None:
+        return -1
+    if str(owner).isdigit():
+        return int(owner)
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise FileOpsError("owner %s: no such user on the host" % owner)
+
+
+def _gid(group):
+    if group is None:
+        return -1
+    if str(group).isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise FileOpsError("group %s: no such group on the host" % group)
+
+
+def _attrs(path, st, mode, uid, gid, check, actions):
+    """mode/owner/group of one path (not following a link); appends what changed."""
+    if mode is not None and stat_mod.S_IMODE(st.st_mode) != mode and not stat_mod.S_ISLNK(st.st_mode):
+        actions.append("mode %04o -> %04o" % (stat_mod.S_IMODE(st.st_mode), mode))
+        if not check:
+            os.chmod(path, mode)
+    if (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid):
+        actions.append("owner %d:%d -> %d:%d" % (st.st_uid, st.st_gid, uid if uid != -1 else st.st_uid,
+                                                gid if gid != -1 else st.st_gid))
+        if not check:
+            os.lchown(path, uid, gid)
+
+
+def _walk(path):
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            yield os.path.join(root, name)
+
+
+def file_state(params):
+    path = params["path"]
+    state, mode, check = params.get("state"), params.get("mode"), bool(params.get("check"))
+    uid, gid = _uid(params.get("owner")), _gid(params.get("group"))
+    kind, st = _kind(path)
+    actions = []
+    if state is None:
+        if kind is None:
+            raise FileOpsError("%s does not exist (state: file only changes an existing file; use touch)" % path)
+        state = "directory" if kind == "directory" else "file"
+    if state == "absent":
+        if kind is not None:
+            actions.append("removed")
+            if not check:
+                shutil.rmtree(path) if kind == "directory" else os.unlink(path)
+        return {"changed": bool(actions), "state": "absent", "actions": actions}
+    if state == "file":
+        if kind is None:
+            raise FileOpsError("%s does not exist (state: file does not create files; use touch or copy)" % path)
+        if kind not in ("file", "link"):
+            raise FileOpsError("%s is a %s, not a file" % (path, kind))
+    elif state == "directory":
+        if kind is None:
+            actions.append("created the folder")
+            if not check:
+                os.makedirs(path, mode if mode is not None else 0o755)
+                kind, st = _kind(path)
+        elif kind != "directory":
+            raise FileOpsError("%s is a %s, not a folder" % (path, kind))
+    elif state == "touch":
+        if kind is None:
+            actions.append("created an empty file")
+            if not check:
+                parent = os.path.dirname(path) or "/"
+                if not os.path.isdir(parent):
+                    raise FileOpsError("parent folder %s does not exist (create it first)" % parent)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode if mode is not None else 0o644)
+                os.close(fd)
+                kind, st = _kind(path)
+        else:
+            actions.append("touched")  # Ansible's touch changes the times: always changed
+            if not check:
+                os.utime(path, (time.time(), time.time()), follow_symlinks=False) if kind != "link" else None
+    elif state == "link":
+        src = params.get("src")
+        if not src:
+            raise FileOpsError("state: link needs src (what the link points to)")
+        if kind == "link" and os.readlink(path) == src:
+            pass
+        elif kind not in (None, "link", "file"):
+            raise FileOpsError("%s is a %s; a link would replace it" % (path, kind))
+        else:
+            actions.append("link -> %s" % src)
+            if not check:
+                tmp = "%s.fleetctl-link-%d" % (path, os.getpid())
+                os.symlink(src, tmp)
+                os.replace(tmp, path)
+                kind, st = _kind(path)
+    else:
+        raise FileOpsError("unknown state %r" % (state,))
+    if st is not None and kind is not None:
+        _attrs(path, st, mode, uid, gid, check, actions)
+        if params.get("recurse") and kind == "directory":
+            for sub in _walk(path):
+                sub_kind, sub_st = _kind(sub)
+                _attrs(sub, sub_st, None if sub_kind == "directory" else mode, uid, gid, check, actions)
+    return {"changed": bool(actions), "state": state, "actions": actions}
+
+
+def read(params):
+    path = params["path"]
+    kind, st = _kind(os.path.realpath(path))
+    out = {"exists": kind is not None, "kind": kind, "size": None, "sha256": None, "data_b64": None}
+    if kind != "file":
+        return out
+    out["size"] = st.st_size
+    if st.st_size > int(params["max_bytes"]):
+        return out
+    with open(path, "rb") as handle:
+        data = handle.read()
+    out["sha256"] = hashlib.sha256(data).hexdigest()
+    out["data_b64"] = base64.b64encode(data).decode("ascii")
+    return out
+
+
+def main(params):
+    if not os.path.isabs(params.get("path", "")):
+        raise FileOpsError("%s is not an absolute path" % params.get("path"))
+    action = params.get("action")
+    if action == "file":
+        try:
+            return file_state(params)
+        except PermissionError as exc:
+            raise FileOpsError("%s: permission denied" % (exc.filename or params["path"]))
+    if action == "read":
+        return read(params)
+    raise FileOpsError("unknown action %r" % (action,))
