@@ -34,7 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # order: the longest modules first, so both workers end at about the same time. Order within a
 # module is kept.
 LONGEST_FIRST = (
-    "test_e2e_full_env.py", "test_e2e_rollout_serving.py", "test_e2e_playbook.py", "test_e2e_release.py",
+    "test_e2e_full_env.py", "test_e2e_rollout_serving.py", "test_e2e_ansible_playbook.py", "test_e2e_playbook.py",
+    "test_e2e_release.py", "test_reliability_tarpit.py",
     "test_reliability_release.py", "test_e2e_become.py", "test_e2e_nonroot.py", "test_e2e_kernels.py",
 )
 

@@ -12,6 +12,7 @@ fail and say why.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -73,15 +74,22 @@ def _ansible_works(venv: Path) -> bool:
 
 
 def _install_ansible(venv: Path) -> None:
-    if venv.exists():
-        shutil.rmtree(venv)
-    python = shutil.which("python3") or sys.executable
-    steps = [[python, "-m", "venv", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"ansible-core=={ANSIBLE_CORE}"]]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            pytest.fail(f"cannot install ansible-core ({' '.join(step)}): {done.stderr[-2000:]}")
+    """Install ansible-core into ``venv`` unless it works already; a lock beside it keeps two pytest
+    workers (or checkouts' runs) from building it at once."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _ansible_works(venv):  # the other worker built it while we waited
+            return
+        if venv.exists():
+            shutil.rmtree(venv)
+        python = shutil.which("python3") or sys.executable
+        steps = [[python, "-m", "venv", str(venv)],
+                 [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"ansible-core=={ANSIBLE_CORE}"]]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                pytest.fail(f"cannot install ansible-core ({' '.join(step)}): {done.stderr[-2000:]}")
 
 
 @pytest.fixture(scope="session")
