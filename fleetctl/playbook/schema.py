@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetctl import yamlfile
+from fleetctl.playbook.approval import Approval
 from fleetctl.playbook.modules import MODULES, Module
 from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
 from fleetctl.vault import Vault
@@ -67,6 +68,10 @@ class PlayModel(BaseModel):
     recheck_after_pause: bool = True
     min_healthy: int | str | None = None
     progress_deadline: float | None = Field(default=None, gt=0)
+    # Approval and rollback hooks (playbook/approval.py, playbook/releases.py).
+    approval: Approval | None = None
+    before_rollback: list[Any] = Field(default_factory=list)
+    after_rollback: list[Any] = Field(default_factory=list)
     tasks: list[Any] = Field(default_factory=list)
 
     @field_validator("min_healthy", mode="before")
@@ -144,6 +149,7 @@ class Play:
     tasks: list[Task]  # every task, those inside blocks included, in order
     line: int
     body: list[Any] = field(default_factory=list)  # Task | blocks.Block, as written
+    rollback_hooks: dict[str, list[Any]] = field(default_factory=dict)  # before_rollback / after_rollback items
 
     @property
     def name(self) -> str:
@@ -182,6 +188,8 @@ def _play(doc: yamlfile.YamlDoc, i: int, raw: Any) -> Play:
     flat: list[Task] = []
     body = [blocks.parse_item(doc, (i, "tasks", j), t, flat, None) for j, t in enumerate(model.tasks)]
     play = Play(i, model, flat, doc.line_of((i,)), body)
+    play.rollback_hooks = {part: [blocks.parse_item(doc, (i, part, j), t, flat, None) for j, t in
+                                  enumerate(getattr(model, part))] for part in ("before_rollback", "after_rollback")}
     if model.on_failure != "halt" and not play.has_module("release"):
         raise doc.error((i, "on_failure"), f"on_failure: {model.on_failure} rolls back releases, and this play "
                                            "has no `release` task")
@@ -210,6 +218,8 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
     options = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k in TASK_KEYS}, TaskOptions, "task")
     if inherited:
         options = inherit(options, inherited)
+    if mod.run_once:  # pause: once per batch, whatever the task says
+        options = options.model_copy(update={"run_once": True})
     args = _module_args(doc, at, mod, raw[name])
     for key, value in (("name", options.name), ("until", options.until)):
         if value is not None:

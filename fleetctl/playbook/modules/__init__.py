@@ -7,6 +7,7 @@ from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the
     gpu_health,
     kernels,
     net,
+    pause,
     probe,
     release,
     service,
