@@ -205,3 +205,9 @@ def test_questions_need_a_terminal_and_timed_pauses_do_not(inv: Path, tmp_path: 
     assert [e["run_once"] for e in pauses] == [True, True]  # once per batch, not once per host
     result = next(e for e in events if e["event"] == "task_result" and e["name"] == "soak")
     assert result["msg"] == "paused 0.5s" and result["data"]["user_input"] == ""
+    # a pause asked for is not a stuck rollout: it is not cut by progress_deadline, nor counted
+    longer = book(tmp_path, [{"hosts": "web", "progress_deadline": 1, "tasks": [
+        {"name": "soak", "pause": {"seconds": 1.5}}, {"name": "after", "shell": "true"}]}], name="longer.yml")
+    r = run_cli(capsys, "-i", str(inv), "run", str(longer), "--json")
+    assert r.rc == 0, r.out + r.err
+    assert [x["status"] for x in r.json()["results"]["one"]] == ["ok", "changed"]

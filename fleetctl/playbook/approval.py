@@ -216,7 +216,7 @@ def request(folder: Path, run_id: str, decision: Literal["promote", "abort"], wa
 def _waiting(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The gate the run waits at now (its last ``approval_wait`` not yet answered), or None."""
     for e in reversed(events):
-        if e.get("event") == "approval":
+        if e.get("event") in ("approval", "run_start", "resume", "halted", "interrupted"):
             return None
         if e.get("event") == "approval_wait":
             return e

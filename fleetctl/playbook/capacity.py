@@ -88,6 +88,19 @@ def map_until(fleet: Fleet, fn: Callable[[HostContext], T], names: list[str],
     return {n: results[n] for n in names if n in results}, stuck
 
 
+def run_hosts(runner: Runner, task: Task, fn: Callable[[HostContext], T],
+              names: list[str]) -> tuple[dict[str, HostResult[T]], list[str]]:
+    """A task on ``names`` under the play's deadline. A ``pause`` is not cut short and its time does
+    not count (as an approval gate's): a wait asked for is not a stuck rollout."""
+    if task.module.name != "pause" or runner.deadline is None:
+        return map_until(runner.fleet, fn, names, runner.deadline)
+    start = time.monotonic()
+    try:
+        return runner.fleet.map(fn, names), []
+    finally:
+        runner.deadline += time.monotonic() - start
+
+
 def deadline_why(play: Play, batch: int, task: Task | None, stuck: list[str]) -> str:
     at = f" at task {task.name!r}" if task else ""
     still = f" (still running: {', '.join(stuck)})" if stuck else ""

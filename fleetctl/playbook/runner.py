@@ -305,8 +305,7 @@ class Runner:
         self.emit("task_start", play=play.index, task=task.index, name=task.name, module=task.module.name,
                   hosts=hosts, batch=b + 1, delegate_to=task.options.delegate_to, run_once=task.options.run_once)
         on = hosts[:1] if task.options.run_once else hosts
-        results, stuck = capacity.map_until(self.fleet, partial(self.run_task, play, task, batch=batch), on,
-                                            self.deadline)
+        results, stuck = capacity.run_hosts(self, task, partial(self.run_task, play, task, batch=batch), on)
         if task.options.run_once and results:
             results = dict.fromkeys(hosts, results[on[0]])
         failed = []
