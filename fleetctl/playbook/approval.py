@@ -103,7 +103,8 @@ def _gate(runner: Runner, ro: Rollout, b: int, gate: Approval) -> None:
         return  # Ctrl-C: the runner journals the interruption
     decision = taken["decision"] if taken else gate.on_timeout
     by = _by(taken) if taken else f"timeout {gate.timeout:g}s (on_timeout: {gate.on_timeout})"
-    runner.emit("approval", **fields, decision=decision, by=by, waited=waited)
+    runner.emit("approval", **fields, decision=decision, by=by, waited=waited,
+                asked=taken.get("ts") if taken else None)
     if decision == "abort":
         why = (f"aborted at the approval gate before batch {b + 1} by {by} (fleetctl runs abort)" if taken else
                f"approval gate before batch {b + 1}: no promote within {gate.timeout:g}s (on_timeout: abort)")
