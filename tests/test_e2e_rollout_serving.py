@@ -61,7 +61,15 @@ def test_a_staging_failure_stops_the_run_before_any_switch(lab: LabHandle, capsy
 
 
 def drained_rollout(url: str, **play: object) -> list[dict[str, object]]:
-    return [{"name": "drained rollout", "hosts": "lab", **play, "tasks": [{
+    def at_lb(action: str) -> dict[str, str]:
+        return {"method": "POST", "url": f"{url}/{action}/{{{{ inventory_hostname }}}}"}
+
+    return [{"name": "drained rollout", "hosts": "lab", **play,
+             "before_rollback": [{"name": "drain for the rollback", "uri": at_lb("drain"),
+                                  "delegate_to": "localhost"}],
+             "after_rollback": [{"name": "undrain after the rollback", "uri": at_lb("undrain"),
+                                 "delegate_to": "localhost"}],
+             "tasks": [{
         "block": [
             {"name": "drain", "uri": {"url": f"{url}/drain/{{{{ inventory_hostname }}}}", "method": "POST"},
              "delegate_to": "localhost"},
@@ -87,14 +95,28 @@ def test_drain_deploy_undrain_at_a_load_balancer(lab: LabHandle, tmp_path: Path,
         assert bad.rc == 2 and doc["status"] == "halted", bad.out + bad.err
         assert lb.pool == set(HOSTS)
         assert "drain lab4" not in lb.log and lb.log.index("undrain lab3") > lb.log.index("drain lab3")
-        assert [(r["name"], r["status"]) for r in doc["results"]["lab3"]][-3:] == [
-            ("back on this host", "changed"), ("still a failure", "failed"), ("undrain", "changed")]
+        assert [(r["name"], r["status"]) for r in doc["results"]["lab3"]][-5:] == [
+            ("back on this host", "changed"), ("still a failure", "failed"), ("undrain", "changed"),
+            ("drain for the rollback", "changed"), ("undrain after the rollback", "changed")]
         events = journal_events(lab, doc["run_id"])
         assert {e["host"] for e in events if e["event"] == "rollback"} == {"lab1", "lab2", "lab3"}
+        # rollback_all drains the hosts it restarts and puts them back after (before/after_rollback)
+        assert sorted(lb.log[-6:-3]) == ["drain lab1", "drain lab2", "drain lab3"]
+        assert sorted(lb.log[-3:]) == ["undrain lab1", "undrain lab2", "undrain lab3"]
+        kinds = [e["event"] if e["event"] == "rollback" else e["name"] for e in events
+                 if e["event"] == "rollback" or (e["event"] == "task_result" and e["name"] in (
+                     "drain for the rollback", "undrain after the rollback"))]
+        assert kinds == ["drain for the rollback"] * 3 + ["rollback"] * 3 + ["undrain after the rollback"] * 3
         assert currents(lab) == dict.fromkeys(HOSTS, plain_id())
         assert {serving(lab, h) for h in HOSTS} == {plain_id()}
-        # and on success every host went out and came back, one batch at a time
-        lb.log.clear()
+
+
+def test_drain_deploy_undrain_at_a_load_balancer_on_success(lab: LabHandle, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with load_balancer(HOSTS) as lb:
+        book = playbook(tmp_path, drained_rollout(lb.url, serial=[1, 2, 1], max_fail_percentage=0,
+                                                  on_failure="rollback_all"))
+        # every host goes out and comes back, one batch at a time; no rollback, so no rollback hook
         ok = run(capsys, lab, str(book), "-e", "broken=[]", "--json")
         assert ok.rc == 0, ok.out + ok.err
         assert lb.pool == set(HOSTS)
@@ -119,6 +141,28 @@ def test_a_server_killed_during_the_soak_fails_its_batch(lab: LabHandle, tmp_pat
     assert doc["recap"]["lab1"]["failed"] == 1
     assert currents(lab) == dict.fromkeys(HOSTS, plain_id())  # rollback_all took the canary back
     assert serving(lab, "lab1") == plain_id()
+
+
+def test_a_server_killed_during_the_last_batchs_soak_fails_it(lab: LabHandle, tmp_path: Path) -> None:
+    book = playbook(tmp_path, rollout(1, pause_between_batches=8, on_failure="rollback_all"))
+    proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "-l",
+                             "lab1,lab2", "run", str(book), "--events"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # --events: each event as it happens
+        e = json.loads(line)
+        if e["event"] == "batch_end" and e["batch"] == 2:
+            break
+    lab.ssh("lab2", KILL_SERVICE)  # the last batch's server dies while it soaks
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err
+    events = [json.loads(x) for x in rest.splitlines()]
+    why = next(e["why"] for e in events if e["event"] == "halted")
+    assert why.startswith("soak re-check failed after batch 2: lab2: soak re-check: GET /health: ")
+    assert {e["host"] for e in events if e["event"] == "rollback"} == {"lab1", "lab2"}
+    assert events[-1]["event"] == "run_end" and events[-1]["recap"]["lab2"]["failed"] == 1
+    assert currents(lab) == dict.fromkeys(HOSTS, plain_id())
+    assert serving(lab, "lab2") == plain_id()
 
 
 def test_min_healthy_counts_a_host_already_down(lab: LabHandle, tmp_path: Path,
@@ -152,7 +196,11 @@ def test_progress_deadline_ends_a_hanging_rollout(lab: LabHandle, tmp_path: Path
         "progress_deadline 45s exceeded in batch 2 at task 'hangs' (still running: lab2)")
     assert took < 200
     assert doc["recap"]["lab2"]["failed"] == 1
-    assert currents(lab)["lab3"] == plain_id() and currents(lab)["lab4"] == plain_id()
+    # the host stopped at the deadline gets a new connection and is rolled back with the others
+    rolled = {e["host"]: e["status"] for e in events if e["event"] == "rollback"}
+    assert rolled == {"lab1": "rolled-back", "lab2": "rolled-back"}, events[-6:]
+    assert currents(lab) == dict.fromkeys(HOSTS, plain_id())
+    assert serving(lab, "lab2") == plain_id()
 
 
 def test_deploy_stage_then_deploy_only_switches(lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:

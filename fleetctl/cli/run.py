@@ -1,10 +1,13 @@
-"""``fleetctl run PLAYBOOK`` (plays, rollout in batches, budgets, rollback, journal) and
-``fleetctl runs list|show`` (the journals of earlier runs)."""
+"""``fleetctl run PLAYBOOK`` (plays, rollout in batches, budgets, rollback, journal; ``--step``,
+``--events``) and ``fleetctl runs list|show|promote|abort`` (the journals of runs, their gates)."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -33,20 +36,29 @@ def _split(values: tuple[str, ...]) -> frozenset[str]:
               "hosts that finished it are skipped; rollbacks still go to what ran before it first started.")
 @click.option("--rollback-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds a rollback (on_failure) waits for /health on each host.")
+@click.option("--step", is_flag=True, help="Ask on the terminal before each batch: y (run it), n (stop the "
+              "rollout here; on_failure applies), c (run the rest without asking).")
+@click.option("--events", "events", is_flag=True, help="Print the journal's events to stdout as they happen, "
+              "one JSON object per line (secrets masked); the human output goes to stderr.")
 @host_options
 @click.pass_obj
 def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check: bool, show_diff: bool,
         tags: tuple[str, ...], skip_tags: tuple[str, ...], start_at_task: str | None, resume: str | None,
-        rollback_timeout: float) -> int:
+        rollback_timeout: float, step: bool, events: bool) -> int:
     """Run PLAYBOOK: each play's hosts in `serial` batches (the first is the canary), failure budgets,
     `on_failure` rollback, a journal in .fleetctl/runs/ beside the inventory."""
+    from fleetctl.cli.run_operator import operator_for
     from fleetctl.errors import InputError
+    from fleetctl.playbook import approval
     from fleetctl.playbook import journal as jr
+    from fleetctl.playbook.events import EventStream
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.playbook.schema import load_playbook
     from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)
+    if events and app.json:
+        raise InputError("--events and --json both write to stdout: give one of them")
     playbook = load_playbook(playbook_path, app.vault)
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
@@ -60,21 +72,25 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     redact = Redactor([*redact.values, *in_playbook])
     if app.connect and app.connect.become_password:  # -K: never in the journal either
         redact = Redactor([*redact.values, app.connect.become_password])
-    events = None
+    printer = Printer(app.json, show_diff, to_stderr=events)
+    operator = operator_for(playbook, step, printer.ask, printer.hold)
+    before = None
     if resume:
-        events = jr.read_events(jr.find_run(folder, resume))
-        first = next((e for e in events if e.get("event") == "run_start"), {})
+        before = jr.read_events(jr.find_run(folder, resume))
+        first = next((e for e in before if e.get("event") == "run_start"), {})
         if first.get("playbook") and Path(first["playbook"]).resolve() != playbook_path.resolve():
             raise InputError(f"run {resume} ran {first['playbook']}, not {playbook_path}")
         journal = jr.Journal.reopen(folder, resume, redact)
+        approval.clear(journal.path)
     else:
         journal = jr.Journal.create(folder, playbook_path, redact)
     command = " ".join(["fleetctl run", str(playbook_path), *(["--check"] if check else [])])
     options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
                          start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
-                         resume_events=events, rollback_timeout=rollback_timeout, command=command,
-                         vault=app.vault)
-    printer = Printer(app.json, show_diff)
+                         resume_events=before, rollback_timeout=rollback_timeout, command=command,
+                         vault=app.vault, operator=operator)
+    if events:
+        journal.tee = EventStream(sys.stdout)
     runner = Runner(inventory, playbook, options, app.run_settings(),
                     journal, printer.on_event)
     previous = _install_interrupt(runner, printer)
@@ -115,10 +131,10 @@ class Printer:
     """What a person watching sees: plays, batches, tasks, per-host results; a progress line on a
     terminal (batch, task, hosts done, elapsed), plain lines otherwise. Silent with --json."""
 
-    def __init__(self, as_json: bool, show_diff: bool) -> None:
+    def __init__(self, as_json: bool, show_diff: bool, to_stderr: bool = False) -> None:
         self.quiet = as_json
         self.show_diff = show_diff
-        self.out = render.console(stderr=as_json)
+        self.out = render.console(stderr=as_json or to_stderr)
         self.progress: Any = None
         self.bar: Any = None
         self.done = 0
@@ -140,6 +156,21 @@ class Printer:
     def __exit__(self, *exc: object) -> None:
         if self.progress:
             self.progress.stop()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """The progress line off the terminal while a question waits for its answer."""
+        if self.progress:
+            self.progress.stop()
+        try:
+            yield
+        finally:
+            if self.progress:
+                self.progress.start()
+
+    def ask(self, question: str) -> None:
+        """A question (markup), shown even with --json: someone must see what is asked."""
+        self.out.print(question, end="", highlight=False, soft_wrap=True)
 
     def say(self, text: str) -> None:
         """One line of markup (values escaped by the caller); never wrapped, so logs grep well."""
@@ -209,6 +240,19 @@ class Printer:
         hosts = e.get("host") or ", ".join(e.get("hosts") or [])
         self.say(f"    [{STATUS_STYLE.get(e['status'], 'white')}]rollback {e['status']}[/]: {hosts}  "
                  f"{_esc(str(e.get('msg') or ''))}")
+
+    def _on_approval_wait(self, e: dict[str, Any]) -> None:
+        self.where = f"waiting for approval before batch {e['batch']}"
+        self.say(f"[bold yellow]WAITING[/] for approval before batch {e['batch']}/{e['batches']} "
+                 f"({', '.join(e['hosts'])}): {_esc(e['promote'])} or {_esc(e['abort'])} "
+                 f"(after {e['timeout']:g}s: {e['on_timeout']})")
+
+    def _on_approval(self, e: dict[str, Any]) -> None:
+        by = f" by {_esc(str(e['by']))}" if e.get("by") else ""
+        self.say(f"  approval before batch {e['batch']}: [bold]{e['decision']}[/]{by} after {e['waited']:g}s")
+
+    def _on_step(self, e: dict[str, Any]) -> None:
+        self.say(f"  step: batch {e['batch']} ({', '.join(e['hosts'])}): {e['answer']}")
 
     def _on_interrupted(self, e: dict[str, Any]) -> None:
         at = f"in batch {e['batch']}, before task {e['task']!r}" if e.get("task") else f"before batch {e['batch']}"
@@ -282,3 +326,9 @@ def show_run(app: AppContext, run_id: str, as_json: bool) -> int:
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
+
+
+from fleetctl.cli.run_operator import abort, promote  # noqa: E402  (registered on `runs`; no import cycle)
+
+runs.add_command(promote)
+runs.add_command(abort)

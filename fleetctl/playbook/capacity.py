@@ -4,14 +4,15 @@
   batch and its ``pause_between_batches``, the release's health gates are checked again on the
   batch's hosts that passed (``/health``, the probes, the thresholds; not the warm-up or the canary,
   which measure a fresh start). A server that died during the soak fails its batch: it counts
-  against the budgets and ``on_failure`` applies, before the next batch starts.
+  against the budgets and ``on_failure`` applies, before the next batch starts. The last batch
+  soaks too (its pause, then the re-check) before the play ends.
 - **min_healthy** (a count or a percentage of the play's hosts, rounded up): before each batch, the
   play's hosts are asked whether they serve (``/health`` answers 200); hosts already down count as
   not serving. When the hosts left serving, less the batch's own, would fall below the floor, the
   rollout stops before touching the batch's first host.
 - **progress_deadline** (seconds from the play's start): a task still running when it passes is
   ended (the connection of each host still on it is closed) and the rollout halts, naming the batch,
-  the task and the hosts.
+  the task and the hosts. Each such host gets a new session, so ``on_failure`` still rolls it back.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.release.gates import GateResult, run_gates
 from fleetctl.transport.base import HostResult
-from fleetctl.transport.fleet import Fleet, HostContext
+from fleetctl.transport.fleet import Fleet, HostContext, make_connector
 
 if TYPE_CHECKING:
     from fleetctl.playbook.runner import Rollout, Runner
@@ -79,8 +80,25 @@ def map_until(fleet: Fleet, fn: Callable[[HostContext], T], names: list[str],
             ctx.connector.close()
         except Exception:  # best effort: the host is given up on either way
             pass
+        # A new session (connected on first use), so that on_failure can still roll the host back.
+        fresh = HostContext(ctx.host, make_connector(fleet.inventory, ctx.host, fleet.settings), fleet.settings)
+        fresh.vars = ctx.vars
+        fleet.contexts[name] = fresh
     pool.shutdown(wait=False)
     return {n: results[n] for n in names if n in results}, stuck
+
+
+def run_hosts(runner: Runner, task: Task, fn: Callable[[HostContext], T],
+              names: list[str]) -> tuple[dict[str, HostResult[T]], list[str]]:
+    """A task on ``names`` under the play's deadline. A ``pause`` is not cut short and its time does
+    not count (as an approval gate's): a wait asked for is not a stuck rollout."""
+    if task.module.name != "pause" or runner.deadline is None:
+        return map_until(runner.fleet, fn, names, runner.deadline)
+    start = time.monotonic()
+    try:
+        return runner.fleet.map(fn, names), []
+    finally:
+        runner.deadline += time.monotonic() - start
 
 
 def deadline_why(play: Play, batch: int, task: Task | None, stuck: list[str]) -> str:
@@ -99,7 +117,7 @@ def between_batches(runner: Runner, ro: Rollout, b: int) -> None:
         runner.wait(model.pause_between_batches if left is None else min(left, model.pause_between_batches))
         if runner.deadline is not None and time.monotonic() >= runner.deadline:
             runner.halt(ro, b - 1, deadline_why(play, b, None, []) + " (in the pause after it)")
-    if runner.stopping or not (model.recheck_after_pause and play.has_module("release")) or runner.options.check:
+    if runner.stopping or not (model.recheck_after_pause and deploys(play)) or runner.options.check:
         return
     passed = [h for h in ro.plan[b - 1] if h not in ro.failed]
     if not passed:
@@ -115,6 +133,19 @@ def between_batches(runner: Runner, ro: Rollout, b: int) -> None:
         ro.failed += list(bad)
         runner.halt(ro, b - 1, f"soak re-check failed after batch {b}: " + "; ".join(
             f"{h}: {w}" for h, w in bad.items()))
+
+
+def after_last_batch(runner: Runner, ro: Rollout) -> None:
+    """The last batch soaks too (its pause, then the re-check) before the play is called done."""
+    model = ro.play.model
+    if ro.plan and not runner.stopping and model.recheck_after_pause and deploys(ro.play) and \
+            not runner.options.check:
+        between_batches(runner, ro, len(ro.plan))
+
+
+def deploys(play: Play) -> bool:
+    """The play switches hosts to a release (a play that only stages has nothing to re-check)."""
+    return any(t.module.name == "release" and t.args.get("state", "deployed") == "deployed" for t in play.tasks)
 
 
 def check_capacity(runner: Runner, ro: Rollout, b: int, hosts: list[str]) -> None:

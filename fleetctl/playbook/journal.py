@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ class Journal:
         self.redact = redact
         self._lock = threading.Lock()
         self._file = path.open("a", encoding="utf-8")
+        self.tee: Callable[[str], None] | None = None  # each line also goes here (run --events)
 
     @classmethod
     def create(cls, folder: Path, playbook: Path, redact: Redactor) -> Journal:
@@ -62,6 +63,8 @@ class Journal:
             self._file.write(line + "\n")
             self._file.flush()
             os.fsync(self._file.fileno())
+            if self.tee is not None:
+                self.tee(line)
         return shown
 
     def close(self) -> None:

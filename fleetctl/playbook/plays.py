@@ -94,7 +94,11 @@ def build_play(doc: yamlfile.YamlDoc, i: int, model: PlayModel, vault: Vault | N
     play_handlers += handlers.parse_handlers(doc, (i, "handlers"), model.handlers, flat)
     handlers.check_notified(flat, play_handlers, doc)
     handlers.attach(body, play_handlers)
-    return Play(i, model, flat, doc.line_of((i,)), body, play_handlers, defaults, more_vars)
+    play = Play(i, model, flat, doc.line_of((i,)), body, play_handlers, defaults, more_vars)
+    # Tasks run around a rollback (drain, undrain: playbook/releases.py), not in the play's body.
+    play.rollback_hooks = {part: _items(doc, (i, part), getattr(model, part), flat)
+                           for part in ("before_rollback", "after_rollback")}
+    return play
 
 
 def _items(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: list[Any], flat: list[Task]) -> list[Any]:

@@ -1,5 +1,7 @@
 """Releases in a rollout: the release each host ran before it (recorded when the play starts, kept
-across --resume), and ``on_failure``: ``rollback_failed`` / ``rollback_all`` switch hosts back to it."""
+across --resume), and ``on_failure``: ``rollback_failed`` / ``rollback_all`` switch hosts back to it,
+between the play's ``before_rollback`` tasks (a drain at the load balancer) and its
+``after_rollback`` tasks (the undrain: run on every host rolled back, whatever happened to it)."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def record_releases(runner: Runner, play: Play, hosts: list[str]) -> dict[str, s
 
 
 def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], attempted: list[str],
-               failed: list[str]) -> None:
+               failed: list[str], b: int = -1) -> None:
     how = play.model.on_failure
     if how == "halt":
         return
@@ -50,6 +52,32 @@ def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], atte
     if runner.options.check:
         runner.emit("rollback", play=play.index, hosts=targets, status="skipped", msg="check mode: nothing to undo")
         return
+    runner.deadline = None  # the rollout is over: its deadline does not cut the way back short
+    hooks = _hooks(runner, play, b, targets)
+    hooks("before_rollback", targets)  # a host that fails its drain is still rolled back
+    try:
+        _roll_back(runner, play, recorded, targets)
+    finally:
+        hooks("after_rollback", targets)
+
+
+def _hooks(runner: Runner, play: Play, b: int, targets: list[str]) -> Callable[[str, list[str]], None]:
+    from functools import partial
+
+    from fleetctl.playbook.blocks import Executor
+
+    def run(part: str, hosts: list[str]) -> None:
+        items = play.rollback_hooks.get(part) or []
+        going = [h for h in hosts if not runner.fleet.contexts[h].unreachable]
+        if items and going:
+            executor = Executor(play, partial(runner.run_task_on, play, b, targets), lambda: False,
+                                lambda h: not runner.fleet.contexts[h].unreachable, runner.forgive)
+            executor.run(items, going, [], cleanup=True)
+
+    return run
+
+
+def _roll_back(runner: Runner, play: Play, recorded: dict[str, str | None], targets: list[str]) -> None:
     from fleetctl.release.manage import rollback_host
 
     def back(ctx: HostContext) -> tuple[str, str]:

@@ -25,9 +25,21 @@ from pydantic import ValidationError
 from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
 from fleetctl.inventory import Inventory
-from fleetctl.playbook import blocks, capacity, filters, handlers, loops, outcome, releases, rollout, templating
+from fleetctl.playbook import (
+    approval,
+    blocks,
+    capacity,
+    filters,
+    handlers,
+    loops,
+    outcome,
+    releases,
+    rollout,
+    templating,
+)
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
+from fleetctl.playbook.interact import Operator
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
 from fleetctl.playbook.schema import Play, Playbook, Task
 from fleetctl.transport.base import HostResult, Status
@@ -51,6 +63,7 @@ class RunOptions:
     rollback_timeout: float = 300.0
     command: str = "fleetctl run"
     vault: Vault | None = None  # --vault-password-file / --vault-id: encrypted copy sources
+    operator: Operator = field(default_factory=Operator)  # the terminal (pause, --step), or none
 
 
 T = TypeVar("T")
@@ -117,6 +130,7 @@ class Runner:
         self.results: dict[str, list[dict[str, Any]]] = {}  # per host, for --json
         self.status = "ok"
         self._stop = threading.Event()
+        self.services.operator = options.operator.bound(self._stop)
         self._groups: dict[str, list[str]] = {"all": list(inventory.hosts)}
         for host in inventory.hosts.values():
             for group in host.groups:
@@ -211,6 +225,7 @@ class Runner:
         for b, batch in enumerate(rollout_.plan):
             if b:
                 capacity.between_batches(self, rollout_, b)
+            approval.before_batch(self, rollout_, b)
             if self.stopping:
                 self.interrupted(play, b + 1, None, [h for bb in rollout_.plan[b:] for h in bb])
             capacity.check_capacity(self, rollout_, b, hosts)
@@ -226,6 +241,7 @@ class Runner:
             why = rollout_.budget.exceeded(len(failed), len(batch), len(rollout_.failed))
             if why:
                 self.halt(rollout_, b, why)
+        capacity.after_last_batch(self, rollout_)
         self.failed_before |= set(rollout_.failed)
         self.emit("play_end", play=play.index, name=play.name)
 
@@ -240,7 +256,7 @@ class Runner:
         self.emit("halted", play=play.index, batch=b + 1, why=why, on_failure=play.model.on_failure,
                   not_started=left)
         self.status = "halted"
-        releases.on_failure(self, play, ro.recorded, ro.attempted, ro.failed)
+        releases.on_failure(self, play, ro.recorded, ro.attempted, ro.failed, b)
         raise PlaybookStopped
 
     def interrupted(self, play: Play, batch: int, task: Task | None, pending: list[str]) -> None:
@@ -302,8 +318,7 @@ class Runner:
         self.emit("task_start", play=play.index, task=task.index, name=task.name, module=task.module.name,
                   hosts=hosts, batch=b + 1, delegate_to=task.options.delegate_to, run_once=task.options.run_once)
         on = hosts[:1] if task.options.run_once else hosts
-        results, stuck = capacity.map_until(self.fleet, partial(self.run_task, play, task, batch=batch), on,
-                                            self.deadline)
+        results, stuck = capacity.run_hosts(self, task, partial(self.run_task, play, task, batch=batch), on)
         if task.options.run_once and results:
             results = dict.fromkeys(hosts, results[on[0]])
         failed = []

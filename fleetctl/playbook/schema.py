@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetctl import yamlfile
+from fleetctl.playbook.approval import Approval
 from fleetctl.playbook.modules import MODULES, Module
 from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
 from fleetctl.vault import Vault
@@ -68,6 +69,10 @@ class PlayModel(BaseModel):
     recheck_after_pause: bool = True
     min_healthy: int | str | None = None
     progress_deadline: float | None = Field(default=None, gt=0)
+    # Approval and rollback hooks (playbook/approval.py, playbook/releases.py).
+    approval: Approval | None = None
+    before_rollback: list[Any] = Field(default_factory=list)
+    after_rollback: list[Any] = Field(default_factory=list)
     tasks: list[Any] = Field(default_factory=list)
     # Ansible's play structure (playbook/plays.py): facts first, vars files, roles, handlers.
     gather_facts: bool = False  # fleetctl's default: facts are opt-in (they cost a round of probes)
@@ -204,6 +209,7 @@ class Play:
     defaults: dict[str, Any] = field(default_factory=dict)  # roles' defaults: below the inventory
     more_vars: dict[str, Any] = field(default_factory=dict)  # vars_files, then roles' vars: above play vars
     source: Path | None = None
+    rollback_hooks: dict[str, list[Any]] = field(default_factory=dict)  # before_rollback / after_rollback items
 
     @property
     def vars(self) -> dict[str, Any]:
@@ -278,6 +284,8 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
     options = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k in TASK_KEYS}, TaskOptions, "task")
     if inherited:
         options = inherit(options, inherited)
+    if mod.run_once:  # pause: once per batch, whatever the task says
+        options = options.model_copy(update={"run_once": True})
     args = _module_args(doc, at, mod, raw[name])
     for key, value in (("name", options.name), ("until", options.until)):
         if value is not None:

@@ -8,6 +8,7 @@ from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the
     hostfiles,
     kernels,
     net,
+    pause,
     probe,
     release,
     service,

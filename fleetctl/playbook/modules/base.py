@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fleetctl.errors import ConnectError, HostError
+from fleetctl.playbook.interact import Operator
 from fleetctl.vault import Vault
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class RunServices:
         self._lock = threading.Lock()
         self.memo: dict[Any, Any] = {}
         self.memo_lock = threading.Lock()
+        self.operator = Operator()  # the terminal (pause's prompt) and the run's stop, set by the runner
 
     def session(self, name: str) -> HostContext:
         """The run's session of any inventory host (opened once, shared with the plays)."""
@@ -157,17 +159,18 @@ class Module:
     fn: ModuleFn
     free_form: str | None = None  # the argument a bare string sets: ``shell: "uptime"`` -> cmd
     doc: str = ""
+    run_once: bool = False  # always once per batch (``pause``: one wait, not one per host)
 
 
 MODULES: dict[str, Module] = {}
 
 
-def module(name: str, args: type[A], free_form: str | None = None) -> Callable[[Callable[[ModuleContext, A],
-                                                                                        TaskResult]], Any]:
+def module(name: str, args: type[A], free_form: str | None = None,
+           run_once: bool = False) -> Callable[[Callable[[ModuleContext, A], TaskResult]], Any]:
     """Register ``fn`` as the module ``name`` (its docstring is the module's help)."""
 
     def register(fn: Callable[[ModuleContext, A], TaskResult]) -> Callable[[ModuleContext, A], TaskResult]:
-        MODULES[name] = Module(name, args, fn, free_form, (fn.__doc__ or "").strip())
+        MODULES[name] = Module(name, args, fn, free_form, (fn.__doc__ or "").strip(), run_once)
         return fn
 
     return register
