@@ -260,6 +260,7 @@ def op_build(params):
     os.makedirs(rels, exist_ok=True)
     tmp = os.path.join(rels, ".%s.tmp-%d" % (params["release_id"], os.getpid()))
     clear_stale_tmp(rels, params["release_id"])
+    started = time.time()
     try:
         venv = os.path.join(tmp, "venv")
         stats = clone_tree(params["base_venv"], venv)
@@ -290,7 +291,7 @@ def op_build(params):
             raise DiskFull("no space left on device in %s (writing %s of release %s); the partial release "
                            "was removed, nothing switched" % (rels, where, params["release_id"]))
         raise
-    return dict(stats, built=True, path=final)
+    return dict(stats, built=True, path=final, seconds=round(time.time() - started, 2))
 
 
 def write_host_files(folder, params):

@@ -1,0 +1,323 @@
+"""Issue 16's figures on the FULL SGLang 0.5.23 environment (207 distributions, ~9.5 GB, ~76,000
+files), 1 source and 2 targets on a 3-host lab of real sshd hosts, whole commands side by side:
+
+- overlay of the whole venv onto 2 fresh targets (one stream through the controller, forwarded to
+  both) vs ``ssh src tar -c | tee | ssh dst tar -x`` to the same 2 targets through the controller;
+  ``--direct`` (each target pulls from the source itself); ``rsync -a`` (one target pulls from the
+  source over ssh: one hop); then the overlay again with nothing changed (time, SSH bytes through
+  the controller, against the fresh copy's);
+- the controller's peak RSS (its own process, ``wait4``) during each overlay;
+- ``drift --verify-files`` per host, cold (no hash cache on the host) and warm;
+- release build from ``adopt``: on lab1 the base and the releases share /opt (hard links), on lab2
+  the base is in /root (another bind mount: copies); deploy of the DDTree release (patched files)
+  and rollback (switch + restart + /health).
+
+Disk: at most 3 full venvs at once (~29 GB); every tree is removed at the end (the lab is purged).
+The wheelhouse is the machine's cache (scripts/wheelhouse.py, ``make wheels``), never removed.
+
+    .venv/bin/python bench/full_env.py [--runs 3]          (writes bench/full_env.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from jobs import BenchError  # noqa: E402
+from lab_support import LabHandle  # noqa: E402
+
+from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
+from fleetctl.release.spec import load_spec  # noqa: E402
+
+LAB = ROOT / ".fleetctl" / "bench-full-env-lab"
+BASE = f"127.{100 + int(hashlib.sha256(str(ROOT).encode()).hexdigest(), 16) % 100}.79.0"  # per checkout
+LOCK = ROOT / "playbooks/files/locks/sglang-0.5.23-full.lock"
+WHEELS = os.environ.get("FLEETCTL_FULL_WHEELS", "/var/cache/fleetctl-wheels/sglang-0.5.23")
+VENV, CROSS = "/opt/ml-env", "/root/ml-env"  # lab2's copy for the cross-mount build lies in /root
+TAR_DST, RS_DST = "/opt/tar-dst", "/opt/rs-dst"
+PLAIN = ROOT / "playbooks/releases/sglang-0.5.23-full-lab.yml"
+DDTREE = ROOT / "playbooks/releases/ddtree-sglang-0.5.23-full-lab.yml"
+TARGETS = ("lab2", "lab3")
+SAMPLES = ROOT / ".fleetctl" / "bench-full-env.json"  # every sample as it comes (report again: --report-only)
+# The CLI in a child process that counts the bytes its SSH transports write and read (paramiko).
+COUNTING_CLI = """
+import sys, paramiko.packet as p
+n = {"out": 0, "in": 0}
+w, r = p.Packetizer.write_all, p.Packetizer.read_all
+def write_all(self, out):
+    n["out"] += len(out); return w(self, out)
+def read_all(self, k, check_rekey=False):
+    n["in"] += k; return r(self, k, check_rekey)
+p.Packetizer.write_all, p.Packetizer.read_all = write_all, read_all
+from fleetctl.cli.main import main
+rc = main(sys.argv[1:])
+sys.stderr.write("@@BYTES %d %d\\n" % (n["out"], n["in"]))
+sys.exit(rc)
+"""
+
+
+class Sample(dict[str, float]):
+    """seconds, and where measured: bytes (through the controller), rss_mb (the controller's peak)."""
+
+
+def measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str, Sample]:
+    """Run ``argv`` to the end; its exit code, output and its own peak RSS (wait4, this process only)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        took = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return (proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                Sample(seconds=took, rss_mb=usage.ru_maxrss / 1024))
+
+
+class FullEnv:
+    def __init__(self, runs: int, lock: Path) -> None:
+        self.runs, self.lock = runs, lock
+        self.lab: LabHandle | None = None
+        self.samples: dict[str, list[Sample]] = {}
+        self.facts: dict[str, Any] = {}
+
+    # --- plumbing ---------------------------------------------------------------------------------
+    @property
+    def h(self) -> LabHandle:
+        assert self.lab is not None
+        return self.lab
+
+    def ssh(self, host: str, command: str, timeout: float = 1800) -> str:
+        proc = self.h.ssh(host, command, check=False, timeout=timeout)
+        if proc.returncode != 0:
+            raise BenchError(f"{host}: `{command[:200]}` exited {proc.returncode}: {proc.stderr[-1500:]}")
+        return proc.stdout
+
+    def fleetctl(self, *args: str, counted: bool = False, ok: tuple[int, ...] = (0,)) -> tuple[dict[str, Any], Sample]:
+        head = [sys.executable, "-c", COUNTING_CLI] if counted else [str(ROOT / ".venv/bin/fleetctl")]
+        argv = [*head, "-i", str(self.h.inventory_path), "-e", f"fleetctl_wheelhouse={WHEELS}", *args, "--json"]
+        rc, out, err, sample = measured(argv)
+        if rc not in ok:
+            raise BenchError(f"fleetctl {shlex.join(args)[:300]} exited {rc}: {err[-1500:]} {out[-1500:]}")
+        if counted:
+            sent, got = err.rsplit("@@BYTES ", 1)[1].split()
+            sample["bytes"] = int(sent) + int(got)
+        return json.loads(out), sample
+
+    def keep(self, name: str, sample: Sample) -> None:
+        self.samples.setdefault(name, []).append(sample)
+        SAMPLES.write_text(json.dumps({"samples": self.samples, "facts": self.facts, "runs": self.runs}))
+        extra = "".join(f", {k} {v:,.1f}" for k, v in sample.items() if k != "seconds")
+        print(f"  {name}: {sample['seconds']:.1f} s{extra}", flush=True)
+
+    def disk_gb(self) -> float:
+        return shutil.disk_usage(str(ROOT)).free / 1e9
+
+    def give_ssh(self, target: str) -> None:
+        """The lab key in the target's /root/.ssh and lab1's pinned host key (for --direct and rsync)."""
+        ssh_dir = self.h.dir / "hosts" / target / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (ssh_dir / "id_ed25519").write_bytes(self.h.key_path.read_bytes())
+        (ssh_dir / "id_ed25519").chmod(0o600)
+        address = self.h.addresses["lab1"]
+        pinned = [line for line in self.h.known_hosts.read_text().splitlines()
+                  if address in line.split(" ", 1)[0].split(",") or f"[{address}]" in line.split(" ", 1)[0]]
+        (ssh_dir / "known_hosts").write_text("\n".join(pinned) + "\n")
+
+    def fresh(self, *paths: str, venv: bool = True) -> None:
+        """Remove ``paths`` on both targets; the first is made again as an empty venv (or folder)."""
+        q = " ".join(shlex.quote(p) for p in paths)
+        make = f"/usr/bin/python3 -m venv --without-pip {shlex.quote(paths[0])}" if venv else f"mkdir -p {q}"
+        for host in TARGETS:
+            self.ssh(host, f"rm -rf {q} && {make}")
+        subprocess.run(["sync"], check=False)
+
+    # --- the steps ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        if not shutil.which("rsync"):
+            subprocess.run(["apt-get", "install", "-y", "-qq", "rsync"], check=True, capture_output=True)
+        subprocess.run([sys.executable, str(ROOT / "scripts/wheelhouse.py"), "fetch", str(LOCK), WHEELS], check=True)
+        self.lab = LabHandle.from_fleet(lab_up(3, LAB, BASE))
+        for target in TARGETS:
+            self.give_ssh(target)
+        print(f"source: venv create from {self.lock.name} on lab1 (free disk {self.disk_gb():.1f} GB)", flush=True)
+        doc, sample = self.fleetctl("-l", "lab1", "venv", "create", "--venv", VENV, "--python", "3.11", "--lock",
+                                    str(self.lock), "--wheelhouse", WHEELS, "--no-compile")
+        self.keep("venv create --lock (source, 207 wheels)", sample)
+        du = self.ssh("lab1", f"du -sb {VENV} && find {VENV} -type f | wc -l").split()
+        self.facts.update(venv_bytes=int(du[0]), venv_files=int(du[2]),
+                          dists=len(doc["hosts"]["lab1"]["value"]["installed"]))
+
+    def tar(self) -> Sample:
+        """``ssh src tar -c | tee FIFO | ssh dst1 tar -x`` and ``ssh dst2 tar -x < FIFO``: one read of
+        the source, two writes, all through this machine."""
+        ssh = shlex.join(["ssh", *self.h.ssh_options()])
+        a = self.h.addresses
+        with tempfile.TemporaryDirectory() as tmp:
+            fifo = f"{tmp}/to-lab3"
+            os.mkfifo(fifo)
+            script = (f"set -o pipefail; {ssh} root@{a['lab3']} 'tar -C {TAR_DST} -xf -' < {fifo} & "
+                      f"{ssh} root@{a['lab1']} 'tar -C {VENV} -cf - .' | tee {fifo} | "
+                      f"{ssh} root@{a['lab2']} 'tar -C {TAR_DST} -xf -'; first=$?; wait $!; exit $(( first | $? ))")
+            rc, out, err, sample = measured(["bash", "-c", script])
+        if rc != 0:
+            raise BenchError(f"tar pipeline exited {rc}: {err[-1500:]}")
+        return sample
+
+    def rsync(self) -> Sample:
+        inner = "ssh -F /dev/null -o StrictHostKeyChecking=yes -o BatchMode=yes -i /root/.ssh/id_ed25519"
+        command = f"rsync -a -e {shlex.quote(inner)} root@{self.h.addresses['lab1']}:{VENV}/ {RS_DST}/"
+        start = time.perf_counter()
+        self.ssh("lab2", command)
+        return Sample(seconds=time.perf_counter() - start)
+
+    def overlay(self, *extra: str, to: str = VENV, hosts: str = "lab2,lab3") -> tuple[dict[str, Any], Sample]:
+        doc, sample = self.fleetctl("-l", hosts, "venv", "overlay", "--from", "lab1", "--venv", VENV,
+                                    "--to-venv", to, *extra, counted=True)
+        return doc, sample
+
+    def copies(self, rounds: range) -> None:
+        for i in rounds:
+            print(f"round {i + 1} (free disk {self.disk_gb():.1f} GB)", flush=True)
+            self.fresh(TAR_DST, venv=False)
+            self.keep("ssh src tar -c | tee | ssh dst tar -x (2 targets, via controller)", self.tar())
+            self.fresh(VENV, TAR_DST)
+            self.keep("venv overlay --direct (2 targets)", self.overlay("--direct")[1])
+            self.fresh(VENV)
+            doc, sample = self.overlay()
+            written = [h["value"]["applied"]["written"] for h in doc["hosts"].values()]
+            self.facts["overlay_written"] = written
+            self.keep("venv overlay (2 targets, via controller)", sample)
+            doc, sample = self.overlay()
+            assert doc["line"] == "2 targets: 0 changed, 2 nothing to change", doc["line"]
+            self.keep("venv overlay again, nothing changed (2 targets)", sample)
+            self.fresh(RS_DST, VENV, venv=False)
+            self.keep("rsync -a (1 target pulls from the source: one hop)", self.rsync())
+            self.fresh(RS_DST, venv=False)
+        for host in TARGETS:
+            self.ssh(host, f"rm -rf {VENV} {TAR_DST} {RS_DST}")
+
+    def drift(self) -> None:
+        """lab2 gets the source's venv at /root/ml-env (the cross-mount base below); drift per host."""
+        self.ssh("lab2", f"/usr/bin/python3 -m venv --without-pip {CROSS}")
+        self.overlay(to=CROSS, hosts="lab2")
+        skip = () if self.lock == LOCK else ("--skip", "unsatisfied")  # a small lock: no closure
+        cache = {h: LabPaths(self.h.dir).host_dir(h) / "var-lib-fleetctl" / "cache" for h in ("lab1", "lab2")}
+        for host, venv in (("lab1", VENV), ("lab2", CROSS)):
+            for _ in range(self.runs):
+                shutil.rmtree(cache[host], ignore_errors=True)
+                for kind in ("cold", "warm"):
+                    doc, sample = self.fleetctl("-l", host, "drift", "--venv", venv, "--verify-files", *skip,
+                                                ok=(0, 1))
+                    kinds = {f["kind"] for f in doc["hosts"][host]["findings"]}
+                    assert kinds <= {"shared-file", "overlay"}, kinds  # a complete venv is clean
+                    self.keep(f"drift --verify-files {host} ({kind} hash cache)", sample)
+
+    def releases(self) -> None:
+        cross = LAB / "cross-mount.yml"
+        cross.write_text(PLAIN.read_text().replace(f"adopt: {VENV}", f"adopt: {CROSS}"))
+        for host, spec, name in (("lab1", PLAIN, "hard links, one mount"), ("lab2", cross, "copies, across mounts")):
+            doc, sample = self.fleetctl("-l", host, "deploy", str(spec))
+            value = doc["hosts"][host]["value"]
+            assert value["outcome"] == "deployed", value
+            self.facts[f"build {host}"] = {k: value["build"].get(k) for k in ("linked", "copied", "seconds")}
+            self.keep(f"deploy from adopt on {host} ({name}), whole command", sample)
+            self.keep(f"release build alone on {host} ({name})", Sample(seconds=value["build"].get("seconds", -1)))
+        doc, sample = self.fleetctl("-l", "lab1", "deploy", str(DDTREE))
+        self.keep("deploy DDTree release on lab1 (patched, hard links), whole command", sample)
+        ids = [load_spec(PLAIN).release_id, load_spec(DDTREE).release_id]
+        for i in range(self.runs):
+            self.keep("rollback on lab1 (switch + restart + /health)", self.fleetctl("-l", "lab1", "rollback", "--to",
+                                                                                       ids[i % 2])[1])
+        # lab2's base and its copied release go before the next copy rounds (the disk peak)
+        self.ssh("lab2", "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
+                         f"rm -rf /opt/fleetctl /var/lib/fleetctl {CROSS}; true")
+
+
+def median(xs: list[Sample], key: str = "seconds") -> float:
+    return float(statistics.median(s[key] for s in xs if key in s))
+
+
+def report(bench: FullEnv, load: float) -> str:
+    s, f = bench.samples, bench.facts
+    tar = median(s["ssh src tar -c | tee | ssh dst tar -x (2 targets, via controller)"])
+    ov, direct = s["venv overlay (2 targets, via controller)"], s["venv overlay --direct (2 targets)"]
+    again = s["venv overlay again, nothing changed (2 targets)"]
+    rows = []
+    for name, xs in s.items():
+        base = median(xs)
+        runs = ", ".join(f"{x['seconds']:.1f}" for x in xs)
+        extra = " / ".join(f"{median(xs, k) / 1e6:,.1f} MB" if k == "bytes" else f"{median(xs, k):.0f} MB RSS"
+                           for k in ("bytes", "rss_mb") if k in xs[0])
+        rows.append(f"| {name} | {base:.2f} | {runs} | {extra} |")
+    warm = {h: median(s[f"drift --verify-files {h} (warm hash cache)"]) for h in ("lab1", "lab2")}
+    rss = max(x["rss_mb"] for x in ov + direct + again)
+    lines = [
+        f"# The full SGLang 0.5.23 environment ({time.strftime('%Y-%m-%d')}): {f['dists']} distributions, "
+        f"{f['venv_bytes'] / 1e9:.2f} GB, {f['venv_files']:,} files", "",
+        f"Command: `.venv/bin/python bench/full_env.py --runs {bench.runs}` (3-host lab, 1 source and 2 targets, "
+        f"2-core machine, load average {load:.1f} at the start; medians of {bench.runs} runs)", "",
+        "| what | median s | runs s | median bytes through the controller / controller peak RSS |",
+        "|---|---:|---|---|", *rows, "",
+        f"- overlay / tar through the controller: {median(ov) / tar:.2f}x (target: at most 1.0x); "
+        f"--direct / tar: {median(direct) / tar:.2f}x",
+        f"- re-run with nothing changed: {median(again):.2f} s (target: under 3 s), "
+        f"{median(again, 'bytes') / 1e6:.3f} MB = {100 * median(again, 'bytes') / median(ov, 'bytes'):.4f}% of the "
+        "fresh overlay's bytes (target: under 0.1%)",
+        f"- drift --verify-files warm: lab1 {warm['lab1']:.2f} s, lab2 {warm['lab2']:.2f} s (target: at most 1.5 s)",
+        f"- controller peak RSS over every overlay: {rss:.0f} MB (target: under 300 MB)",
+        f"- release builds: lab1 {f['build lab1']}, lab2 {f['build lab2']}",
+        "- bytes: SSH bytes of the fleetctl process (both hops: source -> controller -> targets); RSS: that",
+        "  process's own peak (wait4), the ssh children of --direct run on the targets.", "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--lock", type=Path, default=LOCK, help="another lock (a small one tries the bench out)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "full_env.md")
+    ap.add_argument("--report-only", action="store_true", help=f"write the report from {SAMPLES.name} again")
+    opts = ap.parse_args()
+    bench = FullEnv(opts.runs, opts.lock)
+    load = os.getloadavg()[0]
+    try:
+        if opts.report_only:
+            saved = json.loads(SAMPLES.read_text())
+            bench.samples, bench.facts, bench.runs = saved["samples"], saved["facts"], saved["runs"]
+        else:  # one round of copies first: drift and the releases need what it leaves
+            bench.setup()
+            bench.copies(range(1))
+            bench.drift()
+            bench.releases()
+            bench.copies(range(1, opts.runs))
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not opts.report_only:
+            lab_down(LAB, purge=True)
+            shutil.rmtree(LAB, ignore_errors=True)
+    text = report(bench, load)
+    opts.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
