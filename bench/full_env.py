@@ -8,14 +8,15 @@ files), 1 source and 2 targets on a 3-host lab of real sshd hosts, whole command
   the controller, against the fresh copy's);
 - the controller's peak RSS (its own process, ``wait4``) during each overlay;
 - ``drift --verify-files`` per host, cold (no hash cache on the host) and warm;
-- release build from ``adopt``: on lab1 the base and the releases share /opt (hard links), on lab2
-  the base is in /root (another bind mount: copies); deploy of the DDTree release (patched files)
-  and rollback (switch + restart + /health).
+- release build from ``adopt`` on lab1: releases under /opt/fleetctl, one mount with the base
+  (hard links), and under /srv/fleetctl, another bind mount of the lab host (copies); deploy of the
+  DDTree release (patched files) and rollback (switch + restart + /health).
 
 Disk: at most 3 full venvs at once (~29 GB); every tree is removed at the end (the lab is purged).
 The wheelhouse is the machine's cache (scripts/wheelhouse.py, ``make wheels``), never removed.
+Steps run in the order ``--steps`` names (default: every measurement, the 10 GB copies 3 times).
 
-    .venv/bin/python bench/full_env.py [--runs 3]          (writes bench/full_env.md)
+    .venv/bin/python bench/full_env.py [--runs 3] [--steps overlay,drift,...]   (writes bench/full_env.md)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ LAB = ROOT / ".fleetctl" / "bench-full-env-lab"
 BASE = f"127.{100 + int(hashlib.sha256(str(ROOT).encode()).hexdigest(), 16) % 100}.79.0"  # per checkout
 LOCK = ROOT / "playbooks/files/locks/sglang-0.5.23-full.lock"
 WHEELS = os.environ.get("FLEETCTL_FULL_WHEELS", "/var/cache/fleetctl-wheels/sglang-0.5.23")
-VENV, CROSS = "/opt/ml-env", "/root/ml-env"  # lab2's copy for the cross-mount build lies in /root
+VENV = "/opt/ml-env"
 TAR_DST, RS_DST = "/opt/tar-dst", "/opt/rs-dst"
 PLAIN = ROOT / "playbooks/releases/sglang-0.5.23-full-lab.yml"
 DDTREE = ROOT / "playbooks/releases/ddtree-sglang-0.5.23-full-lab.yml"
@@ -158,10 +159,11 @@ class FullEnv:
         print(f"source: venv create from {self.lock.name} on lab1 (free disk {self.disk_gb():.1f} GB)", flush=True)
         doc, sample = self.fleetctl("-l", "lab1", "venv", "create", "--venv", VENV, "--python", "3.11", "--lock",
                                     str(self.lock), "--wheelhouse", WHEELS, "--no-compile")
-        self.keep("venv create --lock (source, 207 wheels)", sample)
+        if doc["hosts"]["lab1"]["value"]["created"]:  # not a resumed run's check of the same pins
+            self.keep("venv create --lock (source, 207 wheels)", sample)
         du = self.ssh("lab1", f"du -sb {VENV} && find {VENV} -type f | wc -l").split()
-        self.facts.update(venv_bytes=int(du[0]), venv_files=int(du[2]),
-                          dists=len(doc["hosts"]["lab1"]["value"]["installed"]))
+        self.facts.update(venv_bytes=int(du[0]), venv_files=int(du[2]))
+        self.facts.setdefault("dists", len(doc["hosts"]["lab1"]["value"]["installed"]))
 
     def tar(self) -> Sample:
         """``ssh src tar -c | tee FIFO | ssh dst1 tar -x`` and ``ssh dst2 tar -x < FIFO``: one read of
@@ -191,73 +193,80 @@ class FullEnv:
                                     "--to-venv", to, *extra, counted=True)
         return doc, sample
 
-    def copies(self, rounds: range) -> None:
-        for i in rounds:
-            print(f"round {i + 1} (free disk {self.disk_gb():.1f} GB)", flush=True)
-            self.fresh(TAR_DST, venv=False)
-            self.keep("ssh src tar -c | tee | ssh dst tar -x (2 targets, via controller)", self.tar())
-            self.fresh(VENV, TAR_DST)
-            self.keep("venv overlay --direct (2 targets)", self.overlay("--direct")[1])
-            self.fresh(VENV)
-            doc, sample = self.overlay()
-            written = [h["value"]["applied"]["written"] for h in doc["hosts"].values()]
-            self.facts["overlay_written"] = written
-            self.keep("venv overlay (2 targets, via controller)", sample)
-            doc, sample = self.overlay()
-            assert doc["line"] == "2 targets: 0 changed, 2 nothing to change", doc["line"]
-            self.keep("venv overlay again, nothing changed (2 targets)", sample)
-            self.fresh(RS_DST, VENV, venv=False)
-            self.keep("rsync -a (1 target pulls from the source: one hop)", self.rsync())
-            self.fresh(RS_DST, venv=False)
-        for host in TARGETS:
-            self.ssh(host, f"rm -rf {VENV} {TAR_DST} {RS_DST}")
+    def step_tar(self) -> None:
+        self.fresh(TAR_DST, venv=False)
+        self.keep("ssh src tar -c | tee | ssh dst tar -x (2 targets, via controller)", self.tar())
+        self.clear(TAR_DST)
 
-    def reruns(self) -> None:
-        """--reruns-only: one overlay onto lab2, then the re-run with nothing changed (the figure a
-        change to the listings moves), without the copy rounds."""
-        self.ssh("lab2", f"/usr/bin/python3 -m venv --without-pip {VENV}")
-        self.keep("venv overlay (1 target, via controller)", self.overlay(hosts="lab2")[1])
+    def step_direct(self) -> None:
+        self.fresh(VENV)
+        self.keep("venv overlay --direct (2 targets)", self.overlay("--direct")[1])
+        self.clear(VENV)
+
+    def step_overlay(self) -> None:
+        """The overlay onto both fresh targets, then again with nothing changed."""
+        self.fresh(VENV)
+        doc, sample = self.overlay()
+        self.facts["overlay_written"] = [h["value"]["applied"]["written"] for h in doc["hosts"].values()]
+        self.keep("venv overlay (2 targets, via controller)", sample)
+        doc, sample = self.overlay()
+        assert doc["line"] == "2 targets: 0 changed, 2 nothing to change", doc["line"]
+        self.keep("venv overlay again, nothing changed (2 targets)", sample)
+        self.ssh("lab3", f"rm -rf {VENV}")  # lab2's stays: drift, and the re-run after a change (step again)
+        self.step_again()
+
+    def step_again(self) -> None:
         for _ in range(self.runs):
             doc, sample = self.overlay(hosts="lab2")
             assert doc["line"] == "1 targets: 0 changed, 1 nothing to change", doc["line"]
             self.keep("venv overlay again, nothing changed (1 target)", sample)
-        self.ssh("lab2", f"rm -rf {VENV}")
 
-    def drift(self) -> None:
-        """lab2 gets the source's venv at /root/ml-env (the cross-mount base below); drift per host."""
-        self.ssh("lab2", f"/usr/bin/python3 -m venv --without-pip {CROSS}")
-        self.overlay(to=CROSS, hosts="lab2")
+    def step_rsync(self) -> None:
+        self.fresh(RS_DST, venv=False)
+        self.keep("rsync -a (1 target pulls from the source: one hop)", self.rsync())
+        self.clear(RS_DST)
+
+    def clear(self, path: str) -> None:
+        for host in TARGETS:
+            self.ssh(host, f"rm -rf {shlex.quote(path)}")
+
+    def step_drift(self) -> None:
+        """drift --verify-files per host: lab1 (the source), lab2 (the overlay's target)."""
         skip = () if self.lock == LOCK else ("--skip", "unsatisfied")  # a small lock: no closure
         cache = {h: LabPaths(self.h.dir).host_dir(h) / "var-lib-fleetctl" / "cache" for h in ("lab1", "lab2")}
-        for host, venv in (("lab1", VENV), ("lab2", CROSS)):
+        for host in ("lab1", "lab2"):
             for _ in range(self.runs):
                 shutil.rmtree(cache[host], ignore_errors=True)
                 for kind in ("cold", "warm"):
-                    doc, sample = self.fleetctl("-l", host, "drift", "--venv", venv, "--verify-files", *skip,
+                    doc, sample = self.fleetctl("-l", host, "drift", "--venv", VENV, "--verify-files", *skip,
                                                 ok=(0, 1))
                     kinds = {f["kind"] for f in doc["hosts"][host]["findings"]}
                     assert kinds <= {"shared-file", "overlay"}, kinds  # a complete venv is clean
                     self.keep(f"drift --verify-files {host} ({kind} hash cache)", sample)
 
-    def releases(self) -> None:
-        cross = LAB / "cross-mount.yml"
-        cross.write_text(PLAIN.read_text().replace(f"adopt: {VENV}", f"adopt: {CROSS}"))
-        for host, spec, name in (("lab1", PLAIN, "hard links, one mount"), ("lab2", cross, "copies, across mounts")):
-            doc, sample = self.fleetctl("-l", host, "deploy", str(spec))
-            value = doc["hosts"][host]["value"]
-            assert value["outcome"] == "deployed", value
-            self.facts[f"build {host}"] = {k: value["build"].get(k) for k in ("linked", "copied", "seconds")}
-            self.keep(f"deploy from adopt on {host} ({name}), whole command", sample)
-            self.keep(f"release build alone on {host} ({name})", Sample(seconds=value["build"].get("seconds", -1)))
-        doc, sample = self.fleetctl("-l", "lab1", "deploy", str(DDTREE))
-        self.keep("deploy DDTree release on lab1 (patched, hard links), whole command", sample)
+    def deploy(self, spec: Path, name: str, *extra: str) -> None:
+        doc, sample = self.fleetctl("-l", "lab1", *extra, "deploy", str(spec))
+        value = doc["hosts"]["lab1"]["value"]
+        assert value["outcome"] == "deployed", value
+        self.facts[f"build {name}"] = {k: value["build"].get(k) for k in ("linked", "copied", "seconds")}
+        self.keep(f"deploy {name}, whole command", sample)
+        self.keep(f"release build alone: {name}", Sample(seconds=value["build"].get("seconds", -1)))
+
+    def step_releases(self) -> None:
+        """On lab1, from adopt /opt/ml-env: releases under /opt/fleetctl (one mount: hard links), the
+        DDTree release (patched files), rollbacks; then releases under /srv/fleetctl (another bind
+        mount of the lab host: copies)."""
+        self.deploy(PLAIN, "plain from adopt, /opt -> /opt (hard links)")
+        self.deploy(DDTREE, "DDTree from adopt, /opt -> /opt (hard links, patched)")
         ids = [load_spec(PLAIN).release_id, load_spec(DDTREE).release_id]
         for i in range(self.runs):
             self.keep("rollback on lab1 (switch + restart + /health)", self.fleetctl("-l", "lab1", "rollback", "--to",
                                                                                        ids[i % 2])[1])
-        # lab2's base and its copied release go before the next copy rounds (the disk peak)
-        self.ssh("lab2", "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
-                         f"rm -rf /opt/fleetctl /var/lib/fleetctl {CROSS}; true")
+        stop = "f={}/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); rm -rf {} {}; true"
+        self.ssh("lab1", stop.format("/var/lib/fleetctl", "/opt/fleetctl", "/var/lib/fleetctl"))
+        self.deploy(PLAIN, "plain from adopt, /opt -> /srv (copies, across mounts)",
+                    "-e", "fleetctl_root=/srv/fleetctl", "-e", "fleetctl_state_dir=/var/lib/fleetctl-srv")
+        self.ssh("lab1", stop.format("/var/lib/fleetctl-srv", "/srv/fleetctl", "/var/lib/fleetctl-srv"))
 
 
 def median(xs: list[Sample], key: str = "seconds") -> float:
@@ -300,7 +309,7 @@ def report(bench: FullEnv, load: float) -> str:
         f"- drift --verify-files warm: lab1 {warm['lab1']:.2f} s, lab2 {warm['lab2']:.2f} s (target: at most 1.5 s)",
         f"- controller peak RSS over every overlay: {max(overlays, default=float('nan')):.0f} MB "
         "(target: under 300 MB)",
-        f"- release builds: lab1 {f.get('build lab1')}, lab2 {f.get('build lab2')}",
+        *[f"- release build {k[6:]}: {v}" for k, v in f.items() if k.startswith("build ")],
         "- bytes: SSH bytes of the fleetctl process (both hops: source -> controller -> targets); RSS: that",
         "  process's own peak (wait4), the ssh children of --direct run on the targets.", "",
     ]
@@ -312,31 +321,32 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--lock", type=Path, default=LOCK, help="another lock (a small one tries the bench out)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "full_env.md")
-    ap.add_argument("--reruns-only", action="store_true", help="the re-run and drift figures alone")
+    ap.add_argument("--steps", default="overlay,drift,releases,tar,direct,rsync,overlay,tar,direct,rsync,overlay,"
+                    "tar,direct,rsync", help="in this order (drift and again need a step overlay before)")
+    ap.add_argument("--keep-lab", action="store_true", help="leave the lab (and its venvs) up at the end")
+    ap.add_argument("--resume", action="store_true", help="add to the saved samples; the lab and source kept")
     ap.add_argument("--report-only", action="store_true", help=f"write the report from {SAMPLES.name} again")
     opts = ap.parse_args()
     bench = FullEnv(opts.runs, opts.lock)
     bench.saved = SAMPLES.with_name(f"bench-{opts.out.stem}.json")
     load = os.getloadavg()[0]
     try:
+        if opts.resume and bench.saved.exists():
+            saved = json.loads(bench.saved.read_text())
+            bench.samples, bench.facts = saved["samples"], saved["facts"]
         if opts.report_only:
             saved = json.loads(bench.saved.read_text())
             bench.samples, bench.facts, bench.runs = saved["samples"], saved["facts"], saved["runs"]
-        elif opts.reruns_only:
+        else:
             bench.setup()
-            bench.reruns()
-            bench.drift()
-        else:  # one round of copies first: drift and the releases need what it leaves
-            bench.setup()
-            bench.copies(range(1))
-            bench.drift()
-            bench.releases()
-            bench.copies(range(1, opts.runs))
+            for step in opts.steps.split(","):
+                print(f"== {step} (free disk {bench.disk_gb():.1f} GB)", flush=True)
+                getattr(bench, f"step_{step}")()
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        if not opts.report_only:
+        if not opts.report_only and not opts.keep_lab:
             lab_down(LAB, purge=True)
             shutil.rmtree(LAB, ignore_errors=True)
     text = report(bench, load)
