@@ -80,9 +80,11 @@ test: lint typecheck pytest
 # bench/run.py starts its own labs (8 and 32 hosts), installs the peers (ansible-core, pyinfra) into
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.
 # probe_search.py: the host-side search alone against ripgrep, and probe grep against ssh+rg (issue 3).
-# The narrower scripts (drift.py, release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py
-bench: deps chromium
+# full_env.py: issue 16's figures on the full SGLang 0.5.23 environment (wheels from `make wheels`;
+# 3 venvs of 9.5 GB at its peak, all removed at the end). The narrower scripts (drift.py,
+# release.py, overlay.py) run on their own.
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py
+bench: deps chromium wheels
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
 lab-down: $(STAMP)

@@ -255,11 +255,13 @@ def resolve_triton(raw: Mapping[str, Any] | None, host_vars: Mapping[str, Any], 
     return None, f"triton not installed in {where}"
 
 
-def gather(session: HostSession, venv: str | None, contents: bool = False) -> tuple[KernelHost, dict[str, str]]:
+def gather(session: HostSession, venv: str | None, contents: bool = False,
+           texts_named: Collection[str] = ()) -> tuple[KernelHost, dict[str, str]]:
     """Ask one host (its nvidia-smi, and ``venv``'s python) and return its KernelHost, plus the text of
-    every built-in config (``triton_X_Y_Z/name`` -> text) when ``contents``."""
+    every built-in config (``triton_X_Y_Z/name`` -> text) when ``contents``, else of those whose
+    name is in ``texts_named``."""
     gpus = collect_gpu(session, health=False)
-    answer = session.call("kernel_configs", {"op": "inspect", "contents": contents},
+    answer = session.call("kernel_configs", {"op": "inspect", "contents": contents, "texts_named": sorted(texts_named)},
                           python=venv_python(venv) if venv else None)
     where = venv or f"the agent's python {answer.get('python')}"
     names, gpu_source = resolve_gpu(gpus, session.vars)
@@ -300,9 +302,12 @@ class KernelPlan:
         return out
 
 
-def plan_host(host: str, facts: KernelHost, tuned: TunedSet) -> KernelPlan:
+def plan_host(host: str, facts: KernelHost, tuned: TunedSet,
+              builtin_texts: Mapping[str, str] | None = None) -> KernelPlan:
     """Which tuned files apply on this host and what SGLang would load for each; warnings where it
-    would fall back to another triton folder or find no tuned file for the GPU."""
+    would fall back to another triton folder or find no tuned file for the GPU. ``builtin_texts``
+    (``triton_X_Y_Z/name`` -> text, at least of ``sibling_names(tuned)``) lets the up/down check of
+    older SGLang compare a tuned file with the built-in one it is paired with."""
     selected = tuned.for_devices(facts.device_names)
     plan = KernelPlan(host, facts, [f.rel for f in selected])
     folders: dict[str, set[str]] = {k: set(v) for k, v in facts.builtin.items()}
@@ -320,7 +325,7 @@ def plan_host(host: str, facts: KernelHost, tuned: TunedSet) -> KernelPlan:
         plan.notes.append(f"sglang not found in {facts.venv or 'the agent python'}: SGLang's built-in configs "
                           "are unknown, this plan covers the tuned files only")
     plan.notes += _down_notes(selected, folders)
-    plan.refusals = _down_refusals(selected, facts.sglang_version)
+    plan.refusals = _down_refusals(selected, facts, folders, builtin_texts or {})
     return plan
 
 
@@ -334,28 +339,59 @@ def _down_notes(selected: Sequence[TunedFile], folders: Mapping[str, set[str]]) 
             for f in selected if not f.name.down and _down_sibling(f) not in folders.get(f.folder, set())]
 
 
-def _down_refusals(selected: Sequence[TunedFile], sglang_version: str | None) -> list[str]:
+def sibling_names(tuned: TunedSet) -> set[str]:
+    """The up/down partners of every tuned file: the built-in ones the up/down check may compare."""
+    return {_down_sibling(f) for f in tuned.files}
+
+
+def _asserts_block_m(sglang_version: str | None) -> bool:
     """SGLang before 0.5.23 (0.5.9) asserts that the up and down configs agree on BLOCK_SIZE_M."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        if sglang_version is None or Version(sglang_version) >= Version("0.5.23"):
-            return []
+        return sglang_version is not None and Version(sglang_version) < Version("0.5.23")
     except InvalidVersion:
+        return False
+
+
+def _down_refusals(selected: Sequence[TunedFile], facts: KernelHost, folders: Mapping[str, set[str]],
+                   builtin_texts: Mapping[str, str]) -> list[str]:
+    """Older SGLang picks, for a batch of M tokens, the up config nearest M and the ``_down`` config
+    nearest M (each from the folder its lookup finds, tuned or built-in) and asserts their
+    BLOCK_SIZE_M agree: a tuned file in a pair that disagrees would stop the server."""
+    if not _asserts_block_m(facts.sglang_version) or facts.triton_version is None:
         return []
-    ups = {(f.folder, f.filename): f for f in selected if not f.name.down}
+    texts = {**builtin_texts, **{f.rel: f.text for f in selected}}
+    tuned = {f.rel for f in selected}
     out = []
-    for down in (f for f in selected if f.name.down):
-        up = ups.get((down.folder, _down_sibling(down)))
-        if up is None:
-            continue
-        up_cfg, down_cfg = json.loads(up.text), json.loads(down.text)
-        bad = sorted((b for b in down_cfg if b in up_cfg and
-                      down_cfg[b].get("BLOCK_SIZE_M") != up_cfg[b].get("BLOCK_SIZE_M")), key=int)
+    for down in sorted({f.filename if f.name.down else _down_sibling(f) for f in selected}):
+        up = down[: -len("_down.json")] + ".json"
+        at = [sglang_lookup(n, facts.triton_version, folders, facts.fixed_order) for n in (up, down)]
+        if at[0] is None or at[1] is None:
+            continue  # no up file: SGLang's default config; no down file: nothing to agree with
+        up_rel, down_rel = f"{at[0]}/{up}", f"{at[1]}/{down}"
+        if not {up_rel, down_rel} & tuned or up_rel not in texts or down_rel not in texts:
+            continue  # SGLang's own pair, or a built-in text this plan was not given
+        bad = _disagreeing_batches(json.loads(texts[up_rel]), json.loads(texts[down_rel]))
         if bad:
-            out.append(f"{down.rel}: BLOCK_SIZE_M differs from {up.filename} for batch size {', '.join(bad[:5])}: "
-                       f"sglang {sglang_version} asserts they agree (0.5.23 and later do not)")
+            kind = {r: "tuned" if r in tuned else "built-in" for r in (up_rel, down_rel)}
+            out.append(f"{down_rel} ({kind[down_rel]}): BLOCK_SIZE_M differs from {up_rel} ({kind[up_rel]}) for "
+                       f"batch size {', '.join(map(str, bad[:5]))}{'...' if len(bad) > 5 else ''}: sglang "
+                       f"{facts.sglang_version} asserts they agree (0.5.23 and later do not)")
     return out
+
+
+def _disagreeing_batches(up: Mapping[str, Any], down: Mapping[str, Any]) -> list[int]:
+    """The batch sizes M (those the files name, else any up to the largest) where the up entry
+    nearest M and the down entry nearest M (SGLang's ``min(keys, key=abs(k - M))``) differ."""
+    up_keys, down_keys = [int(k) for k in up], [int(k) for k in down]
+
+    def differ(m: int) -> bool:
+        u, d = min(up_keys, key=lambda k: abs(k - m)), min(down_keys, key=lambda k: abs(k - m))
+        return bool(up[str(u)].get("BLOCK_SIZE_M") != down[str(d)].get("BLOCK_SIZE_M"))
+
+    named = sorted(set(up_keys) | set(down_keys))
+    return [m for m in named if differ(m)] or [m for m in range(1, named[-1] + 1) if differ(m)]
 
 
 def _entry(filename: str, tuned_in: list[str], facts: KernelHost, folders: Mapping[str, set[str]]) -> PlanEntry:

@@ -204,3 +204,71 @@ def test_release_refused_where_no_gpu_name_is_known(release_free_lab: LabHandle,
                                                    "gpu_name; nothing changed")
     assert release_free_lab.ssh("lab1", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout == before
 
+
+
+# The real up/down pair sglang 0.5.9 and 0.5.23 both ship in triton_3_4_0 (BLOCK_SIZE_M 16 up to
+# batch 256, 64 from 512 on, in both files).
+H20_UP = "E=257,N=256,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json"
+H20_DOWN = H20_UP.replace(".json", "_down.json")
+
+
+def h20_tuned(tmp_path: Path, tag: str, text: str, name: str = H20_DOWN) -> Path:
+    """A spec for sglang 0.5.9 hosts whose tuned folder holds one H20 file."""
+    folder = tmp_path / f"tuned-{tag}" / "triton_3_4_0"
+    folder.mkdir(parents=True)
+    (folder / name).write_text(text)
+    spec = tmp_path / f"h20-{tag}.yml"
+    spec.write_text(f'name: h20-{tag}\nversion: "1"\nbase: {{adopt: {ML_VENV}}}\nrequires: {{sglang: "==0.5.9"}}\n'
+                    f"kernels: {{dir: tuned-{tag}}}\nservice: {{standin: true}}\nhealth: {{timeout: 30}}\n")
+    return spec
+
+
+def test_up_down_block_size_m_rule_on_the_real_0_5_9_and_0_5_23_built_ins(
+        release_free_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tuned _down file that disagrees with the built-in up config on BLOCK_SIZE_M from batch 512
+    on: `kernels plan` exits 1 naming both files on lab2 (sglang 0.5.9 asserts they agree), lab1
+    (0.5.23) is fine; a deploy to lab2 is refused in check mode and for real, nothing written. A
+    file without num_warps/num_stages only warns there."""
+    doc = yaml.safe_load(release_free_lab.inventory_path.read_text())
+    for name in ("lab1", "lab2"):
+        doc["all"]["children"]["lab"]["hosts"][name].update(gpu_name="NVIDIA H20", triton_version="3.4.0")
+    inv = release_free_lab.dir / f"inventory-h20-{os.getpid()}.yml"  # beside the lab's known_hosts
+    inv.write_text(yaml.safe_dump(doc))
+    try:
+        h20_cases(release_free_lab, str(inv), tmp_path, capsys)
+    finally:
+        inv.unlink(missing_ok=True)
+
+
+def h20_cases(lab: LabHandle, inv: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    entry = {"BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+    bad = h20_tuned(tmp_path, "bad", json.dumps({"1": dict(entry, BLOCK_SIZE_M=16),
+                                                  "512": dict(entry, BLOCK_SIZE_M=32)}))
+    plan = cli(capsys, inv, "-l", "lab1,lab2", "kernels", "plan", "--venv", ML_VENV, "--dir",
+               str(bad.parent / "tuned-bad"), "--json")
+    assert plan.rc == 1, plan.out + plan.err
+    hosts = {h: v["value"] for h, v in plan.json()["hosts"].items()}
+    refusal = (f"triton_3_4_0/{H20_DOWN} (tuned): BLOCK_SIZE_M differs from triton_3_4_0/{H20_UP} (built-in) for "
+               "batch size 512, 1024, 1536, 2048, 3072...: sglang 0.5.9 asserts they agree (0.5.23 and later do not)")
+    assert hosts["lab2"]["refusals"] == [refusal]
+    assert hosts["lab1"]["refusals"] == []
+    before = lab.ssh("lab2", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout
+    for mode in (("--check",), ()):
+        r = cli(capsys, inv, "-l", "lab2", "deploy", str(bad), *mode, "--json")
+        assert r.rc == 2, r.out + r.err
+        assert r.json()["hosts"]["lab2"]["reason"] == f"kernels: {refusal}"
+    assert lab.ssh("lab2", "ls /opt/fleetctl/releases 2>/dev/null; true").stdout == before
+
+    bare = {k_: v for k_, v in entry.items() if k_ not in ("num_warps", "num_stages")}
+    # (as the built-in pair: BLOCK_SIZE_M 16, then 64 from batch 512 on)
+    grid = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]  # the built-in's keys
+    plain = h20_tuned(tmp_path, "bare", json.dumps({str(b): dict(bare, BLOCK_SIZE_M=16 if b < 512 else 64)
+                                                    for b in grid}), H20_UP)
+    warned = cli(capsys, inv, "-l", "lab2", "kernels", "plan", "--venv", ML_VENV, "--dir",
+                 str(plain.parent / "tuned-bare"), "--json")
+    assert warned.rc == 0, warned.out + warned.err
+    lab2 = warned.json()["hosts"]["lab2"]["value"]
+    assert lab2["refusals"] == [] and f"triton_3_4_0/{H20_UP}: batch size 1, 2, 4, 8, 16... has no " \
+        "num_warps/num_stages: SGLang loads it with Triton's defaults (as some of its own configs)" in lab2["warnings"]
+    check = cli(capsys, inv, "-l", "lab2", "deploy", str(plain), "--check", "--json")
+    assert check.rc == 0, check.out + check.err

@@ -165,6 +165,22 @@ def test_base_venv_from_a_lock_file_and_hard_linked_release(release_free_lab: La
         == NEW_SGLANG
     again = cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(spec), "--json")
     assert again.rc == 0 and again.json()["hosts"]["lab3"]["value"]["outcome"] == "unchanged"
+    # The base goes with the last release that uses it: two adopt releases later, `locked` is
+    # neither current nor previous, and removing it removes bases/<digest> (the adopted venv stays).
+    for name in ("after-one", "after-two"):
+        other = tmp_path / f"{name}.yml"
+        other.write_text(f'name: {name}\nversion: "1"\nbase: {{adopt: /root/ml-env}}\n'
+                         f'requires: {{sglang: "=={NEW_SGLANG}"}}\n'
+                         "service: {standin: true, args: [--speculative-algorithm, DFLASH]}\n"
+                         "health: {timeout: 30, interval: 0.2}\n")
+        assert cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(other)).rc == 0
+    rid = load_spec(spec).release_id
+    gone = cli(capsys, release_free_lab, "-l", "lab3", "releases", "remove", rid)
+    assert gone.rc == 0, gone.out + gone.err
+    assert (f"lab3: removed /opt/fleetctl/releases/{rid}; base venv /opt/fleetctl/bases/{digest} (no release "
+            "uses it now)") in " ".join(gone.out.split())
+    assert release_free_lab.ssh("lab3", f"test -e /opt/fleetctl/bases/{digest}", check=False).returncode == 1
+    assert release_free_lab.ssh("lab3", "test -x /root/ml-env/bin/python", check=False).returncode == 0
 
 
 def test_launch_args_not_validated_is_said_where_sglang_cannot_import(

@@ -25,6 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 KFIX = FIXTURES / "kernels"
 TUNED = KFIX / "tuned"
 REAL_NAMES = (KFIX / "sglang-0.5.23-config-names.txt").read_text().split("\n")[:-1]
+REAL_NAMES_059 = (KFIX / "sglang-0.5.9-config-names.txt").read_text().split("\n")[:-1]
 REMOTE = Path(__file__).resolve().parents[1] / "fleetctl" / "remote" / "kernel_configs.py"
 H200 = "E=256,N=256,device_name=NVIDIA_H200.json"
 H200_FP8 = "E=128,N=192,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
@@ -33,10 +34,10 @@ GOOD = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROU
               "num_stages": 3}}
 
 
-def builtin_0523() -> dict[str, list[str]]:
-    """The built-in triton folders of sglang 0.5.23, as the host-side module reports them."""
+def builtin_0523(names: list[str] = REAL_NAMES) -> dict[str, list[str]]:
+    """The built-in triton folders of sglang 0.5.23 (or of ``names``), as the host-side module reports them."""
     out: dict[str, list[str]] = {}
-    for rel in REAL_NAMES:
+    for rel in names:
         folder, name = rel.split("/")
         out.setdefault(folder, []).append(name)
     return out
@@ -319,7 +320,8 @@ def test_release_step_merges_built_in_and_tuned_and_names_the_folder(tmp_path: P
                                         f"triton_3_6_0/{H200}"])
     assert out.replaced == [f"triton_3_4_0/{H200_FP8}"]
     assert out.manifest()["triton_folder"] == "triton_3_4_0"
-    assert session.calls[1] == ("kernel_configs", {"op": "inspect", "contents": True}, "/root/ml-env/bin/python")
+    assert session.calls[1] == ("kernel_configs", {"op": "inspect", "contents": True, "texts_named": []},
+                                "/root/ml-env/bin/python")
 
 
 def test_release_step_refuses_without_gpu_name_or_built_in_folder(tmp_path: Path) -> None:
@@ -466,8 +468,75 @@ def test_an_up_config_without_its_down_file_runs_the_down_projection_too(tmp_pat
 def test_a_down_config_disagreeing_on_block_size_m_is_refused_for_sglang_0_5_9_only(tmp_path: Path) -> None:
     tuned = _pair(tmp_path, 32)
     old = k.plan_host("old", host("3.4.0", sglang_version="0.5.9"), tuned)
-    assert old.refusals == ["triton_3_4_0/E=64,N=128,device_name=NVIDIA_H200_down.json: BLOCK_SIZE_M differs from "
-                            "E=64,N=128,device_name=NVIDIA_H200.json for batch size 1: sglang 0.5.9 asserts they "
-                            "agree (0.5.23 and later do not)"]
+    assert old.refusals == ["triton_3_4_0/E=64,N=128,device_name=NVIDIA_H200_down.json (tuned): BLOCK_SIZE_M "
+                            "differs from triton_3_4_0/E=64,N=128,device_name=NVIDIA_H200.json (tuned) for batch "
+                            "size 1: sglang 0.5.9 asserts they agree (0.5.23 and later do not)"]
     assert k.plan_host("new", host("3.4.0"), tuned).refusals == []
     assert k.plan_host("old", host("3.4.0", sglang_version="0.5.9"), _pair(tmp_path / "same", 16)).refusals == []
+
+
+# The real up/down pair both versions ship built in (triton_3_4_0 and triton_3_5_1 of each wheel).
+H20_UP = "E=257,N=256,device_name=NVIDIA_H20,dtype=fp8_w8a8,block_shape=[128, 128].json"
+H20_DOWN = H20_UP.replace(".json", "_down.json")
+
+
+def real_host(version: str) -> k.KernelHost:
+    """An H20 host with triton 3.4.0 and the built-in config names of the real sglang ``version``
+    wheel, its 0.5.9 fixed fallback list where it has one."""
+    names = REAL_NAMES_059 if version == "0.5.9" else REAL_NAMES
+    return host("3.4.0", gpu="NVIDIA H20", sglang_version=version, builtin=builtin_0523(names),
+                fixed_order=["3.4.0", "3.3.1", "3.2.0", "3.1.0"] if version == "0.5.9" else None)
+
+
+def entries(block_m: dict[int, int], warps: bool = True) -> str:
+    launch = {"num_warps": 4, "num_stages": 3} if warps else {}
+    return json.dumps({str(b): {**GOOD["1"], **launch, "BLOCK_SIZE_M": m} if warps else
+                       {k_: v for k_, v in {**GOOD["1"], "BLOCK_SIZE_M": m}.items() if k_ not in k.LAUNCH_KEYS}
+                       for b, m in block_m.items()})
+
+
+def tuned_set(tmp_path: Path, files: dict[str, str]) -> k.TunedSet:
+    folder = tmp_path / "triton_3_4_0"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return k.load_tuned(tmp_path)
+
+
+def test_real_names_both_versions_have_the_h20_pair_built_in() -> None:
+    for names in (REAL_NAMES, REAL_NAMES_059):
+        assert {f"triton_3_4_0/{H20_UP}", f"triton_3_4_0/{H20_DOWN}"} <= set(names)
+
+
+def test_tuned_down_disagreeing_with_its_tuned_up_refused_on_0_5_9_not_0_5_23(tmp_path: Path) -> None:
+    tuned = tuned_set(tmp_path, {H20_UP: entries({1: 16, 64: 64}), H20_DOWN: entries({1: 16, 64: 32})})
+    old = k.plan_host("old", real_host("0.5.9"), tuned)
+    assert old.refusals == [f"triton_3_4_0/{H20_DOWN} (tuned): BLOCK_SIZE_M differs from triton_3_4_0/{H20_UP} "
+                            "(tuned) for batch size 64: sglang 0.5.9 asserts they agree (0.5.23 and later do not)"]
+    assert k.plan_host("new", real_host("0.5.23"), tuned).refusals == []
+
+
+def test_a_tuned_down_file_alone_is_checked_against_the_built_in_up_it_pairs_with(tmp_path: Path) -> None:
+    """Only the _down file tuned: SGLang 0.5.9 pairs it with its own built-in up config (the text
+    the host answers); SGLang picks each side's entry nearest M, batch keys need not match."""
+    tuned = tuned_set(tmp_path, {H20_DOWN: entries({1: 16, 96: 128})})
+    builtin_up = {f"triton_3_4_0/{H20_UP}": entries({1: 16, 32: 32, 128: 64})}
+    assert H20_UP in k.sibling_names(tuned)
+    old = k.plan_host("old", real_host("0.5.9"), tuned, builtin_up)
+    assert old.refusals == [f"triton_3_4_0/{H20_DOWN} (tuned): BLOCK_SIZE_M differs from triton_3_4_0/{H20_UP} "
+                            "(built-in) for batch size 32, 96, 128: sglang 0.5.9 asserts they agree (0.5.23 and "
+                            "later do not)"]
+    agree = {f"triton_3_4_0/{H20_UP}": entries({1: 16, 96: 128})}
+    assert k.plan_host("old", real_host("0.5.9"), tuned, agree).refusals == []
+    assert k.plan_host("new", real_host("0.5.23"), tuned, builtin_up).refusals == []
+
+
+def test_no_num_warps_or_num_stages_only_warns_on_both_versions(tmp_path: Path) -> None:
+    """SGLang 0.5.23 ships such files itself (triton_3_7_1/E=256,N=512,device_name=NVIDIA_H200.json)."""
+    assert "triton_3_7_1/E=256,N=512,device_name=NVIDIA_H200.json" in REAL_NAMES
+    tuned = tuned_set(tmp_path, {H20_UP: entries({1: 16}, warps=False), H20_DOWN: entries({1: 16}, warps=False)})
+    for version in ("0.5.9", "0.5.23"):
+        plan = k.plan_host(version, real_host(version), tuned)
+        assert plan.refusals == []
+        assert f"triton_3_4_0/{H20_UP}: batch size 1 has no num_warps/num_stages: SGLang loads it with Triton's " \
+               "defaults (as some of its own configs)" in plan.warnings

@@ -93,3 +93,27 @@ def test_lock_refuses_a_second_agent_and_dies_with_the_first(host: dict[str, Any
     finally:
         first.close()
         second.close()
+
+
+def test_a_base_built_from_a_lock_goes_with_the_last_release_that_uses_it(agent: AgentClient,
+                                                                         host: dict[str, Any]) -> None:
+    """ROOT/bases/<lock hash>/venv (what `base: {lock: ...}` builds) is removed by prune or remove
+    once no release names it; an adopted venv outside ROOT/bases never is."""
+    root = Path(host["root"])
+    for digest in ("aaa", "bbb"):
+        (root / "bases" / digest).mkdir(parents=True)
+        subprocess.run(["cp", "-a", host["base"], str(root / "bases" / digest / "venv")], check=True)
+    adopted = host["base"]
+    for rid, base in (("r1", "aaa"), ("r2", "aaa"), ("r3", "bbb"), ("r4", None), ("r5", None)):
+        venv = str(root / "bases" / base / "venv") if base else adopted
+        site = str(next(Path(venv, "lib").glob("python3*/site-packages")))
+        build(agent, dict(host, base=venv, site=site), rid, {})
+    params = {"root": host["root"], "state_dir": host["state_dir"]}
+    for rid in ("r1", "r4", "r5"):
+        agent.call("release_host", {"op": "switch", **params, "release_id": rid, "reason": "deploy"})
+    gone = agent.call("release_base", {"op": "remove", **params, "release_id": "r1"})
+    assert gone["bases_removed"] == []  # r2 still uses bases/aaa
+    pruned = agent.call("release_host", {"op": "prune", **params, "keep": 2})
+    assert pruned == {"removed": ["r2", "r3"], "bases_removed": [f"{root}/bases/aaa", f"{root}/bases/bbb"]}
+    assert not (root / "bases" / "aaa").exists() and not (root / "bases" / "bbb").exists()
+    assert (Path(adopted) / "bin" / "python").exists()  # r4, r5 (current, previous) adopt it: untouched

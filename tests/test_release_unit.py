@@ -85,3 +85,22 @@ def test_unit_template_is_strict(tmp_path: Path) -> None:
     with pytest.raises(UndefinedError):
         Environment(undefined=StrictUndefined).from_string(src).render()
     assert textwrap.dedent(src).startswith("# Rendered by fleetctl")
+
+
+def test_sglang_parser_sees_the_launch_args_without_the_stand_ins_own_flags() -> None:
+    """The controller (launch-args check) and the stand-in (its own parser check) leave out the same
+    ``--standin-*`` flags, and the release core gets that from release/service.py, not the lab."""
+    import argparse
+
+    from fleetctl.lab import fake_sglang
+    from fleetctl.release.service import without_standin
+
+    launch = ["--model-path", "/m", "--standin-accept-length", "3.5", "--standin-health-hang", "--tp", "2",
+              "--standin-start-delay=1", "--speculative-algorithm", "DFLASH", "--standin-decode-tps", "-1"]
+    expected = ["--model-path", "/m", "--tp", "2", "--speculative-algorithm", "DFLASH"]
+    opts = argparse.Namespace(health_status=200, accept_length=3.0, decode_tps=100.0, start_delay=0.0,
+                              health_hang=False)
+    assert without_standin(launch) == expected
+    assert fake_sglang.sglang_flags(launch, opts) == expected
+    core = Path(__file__).resolve().parents[1] / "fleetctl" / "release"
+    assert not [p.name for p in core.glob("*.py") if "fleetctl.lab" in p.read_text()]

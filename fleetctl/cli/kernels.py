@@ -42,9 +42,10 @@ def plan(app: AppContext, venv: str | None, directory: Path, strict: bool) -> in
     from fleetctl import kernels as core
 
     tuned = core.load_tuned(directory)
+    siblings = core.sibling_names(tuned)  # the built-in texts the up/down check may need
     with app.fleet() as fleet:
         results = fleet.map(lambda ctx: core.plan_host(
-            ctx.name, core.gather(ctx, venv or ctx.host.connection.venv)[0], tuned))
+            ctx.name, *plan_inputs(ctx, venv or ctx.host.connection.venv, tuned, siblings)))
     if app.json:
         render.emit_json({"dir": str(directory), "readme": tuned.readme, "tuned": [f.rel for f in tuned.files],
                           **render.results_json(results, lambda p: p.to_dict())})
@@ -55,6 +56,13 @@ def plan(app: AppContext, venv: str | None, directory: Path, strict: bool) -> in
                                    for r in results.values()):
         return int(ExitCode.BAD_ANSWER)  # a file this host's SGLang would reject, or --strict and a warning
     return code
+
+
+def plan_inputs(ctx: Any, venv: str | None, tuned: TunedSet, siblings: set[str]) -> tuple[Any, TunedSet, Any]:
+    from fleetctl import kernels as core
+
+    facts, texts = core.gather(ctx, venv, texts_named=siblings)
+    return facts, tuned, texts
 
 
 def print_plan(tuned: TunedSet, results: dict[str, HostResult[KernelPlan]]) -> None:

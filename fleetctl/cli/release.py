@@ -196,14 +196,15 @@ def list_releases(app: AppContext) -> int:
 @host_options
 @click.pass_obj
 def remove_release(app: AppContext, release_id: str) -> int:
-    """Remove one release folder from each host (never the current or the previous one)."""
+    """Remove one release folder from each host (never the current or the previous one), and the
+    base venvs built from a lock that no release uses any more."""
     from fleetctl.release.deploy import host_lock, who
     from fleetctl.release.identity import remove_release as remove
     from fleetctl.release.service import layout_for
 
     holder = who(f"fleetctl releases remove {release_id}")
 
-    def one(ctx: Any) -> str:
+    def one(ctx: Any) -> dict[str, Any]:
         layout = layout_for(ctx.vars)
         with host_lock(ctx, layout, holder):
             return remove(ctx, layout, release_id)
@@ -211,11 +212,12 @@ def remove_release(app: AppContext, release_id: str) -> int:
     with app.fleet() as fleet:
         results = fleet.map(one)
     if app.json:
-        render.emit_json(render.results_json(results, lambda path: {"removed": path}))
+        render.emit_json(render.results_json(results, lambda value: value))
     else:
         for name, res in results.items():
-            if res.ok:
-                render.console().print(render.cell(f"{name}: removed {res.value}"))
+            if res.ok and res.value is not None:
+                bases = "".join(f"; base venv {b} (no release uses it now)" for b in res.value["bases_removed"])
+                render.console().print(render.cell(f"{name}: removed {res.value['removed']}{bases}"))
         render.print_failures(results)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)

@@ -278,19 +278,15 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     import os
     from importlib import metadata
 
-    p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)")
+    p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)", allow_abbrev=False)
     p.add_argument("--model-path", default=opts.model_path)
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=opts.tp)
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--enable-metrics", action="store_true", default=opts.enable_metrics)
-    p.add_argument("--standin-health-status", type=int, default=opts.health_status)
-    p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
-    p.add_argument("--standin-decode-tps", type=float, default=opts.decode_tps)
-    p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
-    p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
+    add_standin_flags(p, opts)
     args, _ = p.parse_known_args(launch)
     # SGLang's own flags are everything but the stand-in's: check them as the server would.
-    checked_by = sglang_parser_check(without_standin(launch))
+    checked_by = sglang_parser_check(sglang_flags(launch, opts))
     spec = importlib.util.find_spec("sglang")
     folder = list(spec.submodule_search_locations or [])[0] if spec else None
     algorithms: list[str] = []
@@ -314,18 +310,21 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     return opts
 
 
-def without_standin(launch: list[str]) -> list[str]:
+def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    """The stand-in's own knobs among the launch args (fleetctl.release.service.without_standin
+    leaves the same ones out of what SGLang's parser sees on the controller side)."""
+    p.add_argument("--standin-health-status", type=int, default=opts.health_status)
+    p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
+    p.add_argument("--standin-decode-tps", type=float, default=opts.decode_tps)
+    p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
+    p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
+
+
+def sglang_flags(launch: list[str], opts: argparse.Namespace) -> list[str]:
     """The launch args without the stand-in's own ``--standin-*`` flags and their values."""
-    kept: list[str] = []
-    skip = False
-    for arg in launch:
-        if skip:
-            skip = False
-        elif arg.startswith("--standin-"):
-            skip = "=" not in arg and arg != "--standin-health-hang"
-        else:
-            kept.append(arg)
-    return kept
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_standin_flags(p, opts)
+    return p.parse_known_args(launch)[1]
 
 
 def sglang_parser_check(argv: list[str]) -> str:

@@ -64,6 +64,7 @@ class DeployResult:
     rollback_gates: list[GateResult] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
     pruned: list[str] = field(default_factory=list)
+    pruned_bases: list[str] = field(default_factory=list)  # base venvs built from a lock that went with them
     broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
     restart_error: str | None = None  # the restart after the switch failed (then switched back)
     launch: LaunchCheck | None = None  # the launch args as SGLang's own parser judged them
@@ -234,8 +235,8 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
         result.outcome = "unchanged" if unchanged else "deployed"
         if unchanged:
             return result
-        result.pruned = session.call("release_host", {"op": "prune", **layout.params(),
-                                                      "keep": spec.model.keep_releases})["removed"]
+        pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})
+        result.pruned, result.pruned_bases = pruned["removed"], pruned.get("bases_removed") or []
         return result
     return roll_back_after_failure(session, spec, layout, result, holder)
 
@@ -248,7 +249,8 @@ def launch_args_fit(session: HostSession, spec: ReleaseSpec, layout: HostLayout,
     found = check_launch_args(session, spec, layout, venv, overlay)
     if found.refused:
         if built and built.get("built"):
-            identity.remove_release(session, layout, venv.rstrip("/").rsplit("/", 2)[-2])
+            # The base stays: the same spec with its args fixed builds from it again.
+            identity.remove_release(session, layout, venv.rstrip("/").rsplit("/", 2)[-2], prune_bases=False)
         raise ReleaseRefused(session.name, f"{found.detail}; nothing switched")
     return found
 

@@ -11,6 +11,7 @@ it would surprise: that is refused in one line, and ``--rebuild`` asks for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release.service import HostLayout
@@ -53,9 +54,14 @@ def choose(session: HostSession, layout: HostLayout, spec_id: str, site: str, cu
     return Identity(fresh, now, spec_id, why)
 
 
-def remove_release(session: HostSession, layout: HostLayout, release_id: str) -> str:
+def remove_release(session: HostSession, layout: HostLayout, release_id: str,
+                   prune_bases: bool = True) -> dict[str, Any]:
+    """Remove one release folder; with ``prune_bases``, the base venvs built from a lock that no
+    release uses any more go with it (``{"removed": path, "bases_removed": [paths]}``)."""
+    params = {"op": "remove", **layout.params(), "release_id": release_id, "prune_bases": prune_bases}
     try:
-        return str(session.call(MODULE, {"op": "remove", **layout.params(), "release_id": release_id})["removed"])
+        answer = session.call(MODULE, params)
+        return {"removed": str(answer["removed"]), "bases_removed": list(answer.get("bases_removed") or [])}
     except RemoteOperationError as exc:
         if exc.etype == "ValueError":  # the host's own one-line refusal
             raise HostError(session.name, exc.remote_message) from None

@@ -73,7 +73,7 @@ def release_kernels(session: HostSession, spec: ReleaseSpec, base_venv: str) -> 
         raise KernelsRefused(session.name, f"kernels: no SGLang fused-MoE config folder in {base_venv} (sglang "
                                            f"{facts.sglang_version or 'not installed'}) to merge the tuned files "
                                            "into; nothing changed")
-    plan = plan_host(session.name, facts, tuned)
+    plan = plan_host(session.name, facts, tuned, builtin)
     if plan.refusals:  # SGLang on this host would stop at load: refuse before building anything
         raise KernelsRefused(session.name, "kernels: " + "; ".join(plan.refusals))
     files, replaced = merged_folder(builtin, tuned.for_devices(facts.device_names))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl.release.service import HostLayout, launch_args, listen
+from fleetctl.release.service import HostLayout, launch_args, listen, without_standin
 from fleetctl.release.spec import ReleaseSpec
 from fleetctl.transport.base import HostSession
 
@@ -37,8 +37,6 @@ class LaunchCheck:
 
 def server_argv(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
     """What SGLang's parser sees: the spec's args without the stand-in's, plus --host/--port."""
-    from fleetctl.lab.fake_sglang import without_standin  # the stand-in owns its flags' syntax
-
     kept = without_standin(launch_args(spec, layout))
     host, port = listen(spec, layout)
     return kept if {"--host", "--port"} & set(kept) else [*kept, "--host", host, "--port", str(port)]

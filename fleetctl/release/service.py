@@ -141,3 +141,22 @@ def control(layout: HostLayout, op: str) -> dict[str, object]:
     (which also holds the spec's ``service.manager``); the host var ``service_manager`` wins."""
     return {"op": op, "name": "sglang", "state_dir": layout.state_dir, "manager": layout.service_manager,
             "params_file": f"{layout.current}/service.json"}
+
+
+# The stand-in's own knobs (fleetctl/lab/fake_sglang.py, add_standin_flags): all take a value but this one.
+STANDIN_SWITCHES = frozenset({"--standin-health-hang"})
+
+
+def without_standin(launch: list[str]) -> list[str]:
+    """The launch args without the stand-in's own ``--standin-*`` flags and their values: what the
+    real SGLang parser would be given."""
+    kept: list[str] = []
+    skip = False
+    for arg in launch:
+        if skip:
+            skip = False
+        elif arg.startswith("--standin-"):
+            skip = "=" not in arg and arg not in STANDIN_SWITCHES
+        else:
+            kept.append(arg)
+    return kept

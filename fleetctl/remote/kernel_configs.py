@@ -8,6 +8,7 @@ a top-level package) and read as files.
 params:
   op: "inspect" (default) or "collect"
   inspect: contents (bool): also answer the text of every built-in config file
+           texts_named (list): else the text of the built-in files of these names only (any folder)
   collect: src (folder): the *.json files directly in it (a tuning run's output), with their text
 
 The triton version is ``__version__`` of the installed ``triton/__init__.py`` (what SGLang's
@@ -43,7 +44,7 @@ def main(params):
     op = params.get("op") or "inspect"
     if op == "inspect":
         return {"schema": 1, "python": sys.executable, "prefix": sys.prefix, "triton": triton_info(),
-                "sglang": sglang_info(bool(params.get("contents")))}
+                "sglang": sglang_info(bool(params.get("contents")), set(params.get("texts_named") or ()))}
     if op == "collect":
         return dict(collect(params["src"]), schema=1, python=sys.executable, triton=triton_info())
     raise ValueError("unknown kernel_configs op %r" % (op,))
@@ -89,7 +90,7 @@ def triton_info():
     return {"version": version, "path": folder, "source": "metadata of %s" % dist if dist else "unknown"}
 
 
-def sglang_info(contents):
+def sglang_info(contents, texts_named=frozenset()):
     folder = package_dir("sglang")
     if folder is None:
         return None
@@ -100,7 +101,7 @@ def sglang_info(contents):
         if os.path.isdir(configs):
             info["configs_dir"] = configs
             info["fallback_order"] = fixed_order(os.path.join(os.path.dirname(configs), LOOKUP_FILE))
-            read_folders(configs, info, contents)
+            read_folders(configs, info, contents, texts_named)
             break
     return info
 
@@ -113,7 +114,7 @@ def fixed_order(path):
     return [v.strip().strip("'\"") for v in match.group(1).split(",") if v.strip()]
 
 
-def read_folders(configs, info, contents):
+def read_folders(configs, info, contents, texts_named=frozenset()):
     """Every ``triton_*`` folder's *.json names (and texts): what SGLANG_MOE_CONFIG_DIR would replace."""
     count = 0
     for folder in sorted(os.listdir(configs)):
@@ -122,7 +123,7 @@ def read_folders(configs, info, contents):
             continue
         names = sorted(n for n in os.listdir(path) if n.endswith(".json") and os.path.isfile(os.path.join(path, n)))
         info["folders"][folder] = names
-        for name in names if contents else []:
+        for name in names if contents else [n for n in names if n in texts_named]:
             count += 1
             text = read_text(os.path.join(path, name))
             if text is None or count > MAX_FILES:

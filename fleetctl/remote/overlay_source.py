@@ -26,6 +26,7 @@ import sys
 import sysconfig
 import tarfile
 import zlib
+from stat import S_ISLNK
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 EXT_TAG = re.compile(r"\.((?:cpython|pypy)[-\w]*|abi3)\.(?:so|pyd)$")
@@ -74,24 +75,40 @@ class Dist(object):
     def path(self, rel):
         """The file a RECORD path names, None when it leaves the venv: by its name (``..``, absolute)
         or through a symlink (whose target is never read and sent)."""
+        return self.located(rel)[0]
+
+    def located(self, rel):
+        """(path, its os.stat or None when absent) of a RECORD path; (None, None) when it leaves the
+        venv. One lstat per file: the listing's loop runs for every file of every distribution."""
         path = os.path.normpath(os.path.join(self.site, rel))
         if not path.startswith(self.prefix + "/"):
-            return None
+            return None, None
         if self.real_prefix is None:
             self.real_prefix = os.path.realpath(self.prefix)
-        folder = os.path.dirname(path)
-        if folder not in self.real_dirs:  # resolved once per folder, not per file
-            self.real_dirs[folder] = os.path.realpath(folder)
-        real = self.real_dirs[folder] + "/" + os.path.basename(path)
-        if os.path.islink(path):
+        folder, _, base = path.rpartition("/")
+        real_dir = self.real_dirs.get(folder)
+        if real_dir is None:  # resolved once per folder, not per file
+            real_dir = self.real_dirs[folder] = os.path.realpath(folder)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        real = real_dir + "/" + base
+        if st is not None and S_ISLNK(st.st_mode):
             real = os.path.realpath(path)
-        return path if (real + "/").startswith(self.real_prefix + "/") and real != self.real_prefix else None
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+        if (real + "/").startswith(self.real_prefix + "/") and real != self.real_prefix:
+            return path, st
+        return None, None
 
-    def content(self, rel):
+    def content(self, rel, path=None):
         """The bytes `rel` must have on the target, and whether they were relocated; None if absent."""
         if rel == self.entry + "/RECORD":
             return self.record(), False
-        path = self.path(rel)
+        path = self.path(rel) if path is None else path
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -104,23 +121,23 @@ class Dist(object):
         self.moved[rel] = (record_hash(moved), str(len(moved)))
         return moved, True
 
-    def digest(self, rel):
+    def digest(self, rel, where=None):
         """(urlsafe sha256, size, relocated) of what `rel` becomes on the target; None if absent.
-        An unchanged file that names no prefix is answered from the cache without reading it."""
-        try:
-            st = os.stat(self.path(rel))
-        except (OSError, TypeError):
+        An unchanged file that names no prefix is answered from the cache without reading it.
+        ``where``: ``located(rel)`` when the caller has it already."""
+        path, st = where or self.located(rel)
+        if st is None:
             return None
-        hit = self.cache.lookup(self.path(rel), st) if self.cache else None
+        hit = self.cache.lookup(path, st) if self.cache else None
         if hit and hit[1] is False:  # None: hashed as a target, never checked for the prefix
             self.moved[rel] = None
             return hit[0], st.st_size, False
-        data, moved = self.content(rel)
+        data, moved = self.content(rel, path)
         if data is None:
             return None
         if self.cache and not moved and not hit:
             names = is_text(data) and bool(self.regex.search(data))  # kept whatever the target path
-            self.cache.store(self.path(rel), st, record_hash(data)[7:], names)
+            self.cache.store(path, st, record_hash(data)[7:], names)
         return record_hash(data)[7:], len(data), moved
 
     def record(self):
@@ -151,10 +168,11 @@ def describe(dist, name, version):
         rel = os.path.normpath(rel)
         if dist.skip(rel):
             continue
-        if dist.path(rel) is None:
+        where = dist.located(rel)
+        if where[0] is None:
             outside.append(rel)
             continue
-        found = dist.digest(rel)
+        found = dist.digest(rel, where)
         if found is None:
             missing.append(rel)
             continue

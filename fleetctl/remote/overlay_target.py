@@ -32,6 +32,7 @@ import tarfile
 import tempfile
 import time
 import zlib
+from stat import S_ISREG
 
 BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
@@ -102,7 +103,7 @@ def cached_hash(cache, path):
         st = os.stat(path)
     except OSError:
         return None
-    if not os.path.isfile(path):
+    if not S_ISREG(st.st_mode):  # the stat at hand, not a second one (once per file of the venv)
         return None
     hit = cache.lookup(path, st)
     if hit:

@@ -1,3 +1,4 @@
+# fleetctl-include: release_bases
 # Host side of a release's identity and removal. Stdlib only, Python >= 3.8.
 #
 # op "fingerprint": {"site"} -> {"fingerprint": sha256 of every distribution's name and RECORD
@@ -5,7 +6,8 @@
 #   overlay, a pip install) gets another fingerprint; the same install anywhere gets the same one.
 # op "built_from": {"root", "release_id"} -> {"built": bool, "fingerprint": the base fingerprint
 #   recorded when that release was built (None for a build older than the record)}
-# op "remove": {"root", "state_dir", "release_id"} -> {"removed": path}; refuses current and previous.
+# op "remove": {"root", "state_dir", "release_id", "prune_bases"} -> {"removed": path, "bases_removed": the
+#   ROOT/bases/<hash> folders no release uses any more, when prune_bases}; refuses current and previous.
 # op "stage": {"root", "release_id", "record"} -> {"verified": n}: every patched and kernel file of the
 #   built release checked against its manifest's sha256 (a mismatch is a ValueError naming the file),
 #   then RELEASE/staged.json written with the record (spec digest, base site, launch check).
@@ -64,7 +66,8 @@ def remove(params):
     if not os.path.isdir(folder):
         raise ValueError("no release %s on this host" % params["release_id"])
     shutil.rmtree(folder)
-    return {"removed": folder}
+    bases = unused_bases_removed(root) if params.get("prune_bases", True) else []
+    return {"removed": folder, "bases_removed": bases}
 
 
 def _sha256(path):

@@ -1,5 +1,6 @@
 # fleetctl-include: relocate
 # fleetctl-include: writable
+# fleetctl-include: release_bases
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
 
 Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
@@ -273,11 +274,13 @@ def op_build(params):
     os.makedirs(rels, exist_ok=True)
     tmp = os.path.join(rels, ".%s.tmp-%d" % (params["release_id"], os.getpid()))
     clear_stale_tmp(rels, params["release_id"])
+    started = time.time()
     try:
         venv = os.path.join(tmp, "venv")
         stats = clone_tree(params["base_venv"], venv)
         stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
-        manifest = dict(params["manifest"], created=time.time(), venv_files={})
+        # base_venv: a base built from a lock goes with the last release that names it (release_bases)
+        manifest = dict(params["manifest"], created=time.time(), venv_files={}, base_venv=params["base_venv"])
         site_rel = os.path.relpath(params["site"], params["base_venv"])
         for rel, text in sorted((params.get("files") or {}).items()):
             path = safe_join(os.path.join(venv, site_rel), rel)
@@ -302,7 +305,7 @@ def op_build(params):
             raise DiskFull("no space left on device in %s (writing %s of release %s); the partial release "
                            "was removed, nothing switched" % (rels, where, params["release_id"]))
         raise
-    return dict(stats, built=True, path=final)
+    return dict(stats, built=True, path=final, seconds=round(time.time() - started, 2))
 
 
 def write_host_files(folder, params):
@@ -452,7 +455,8 @@ def op_switch(params):
 
 
 def op_prune(params):
-    """Keep the newest ``keep`` releases; never remove current or previous."""
+    """Keep the newest ``keep`` releases; never remove current or previous. A base venv built from a
+    lock goes with the last release that used it."""
     state = op_state(params)
     protect = set(filter(None, [state["current"], state["previous"]] + list(params.get("protect") or [])))
     ids = [r["id"] for r in state["releases"]]
@@ -461,7 +465,7 @@ def op_prune(params):
         if rid not in protect:
             shutil.rmtree(os.path.join(releases_dir(params), rid))
             removed.append(rid)
-    return {"removed": removed}
+    return {"removed": removed, "bases_removed": unused_bases_removed(params["root"]) if removed else []}
 
 
 def op_files(params):

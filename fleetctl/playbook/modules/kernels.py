@@ -27,6 +27,8 @@ def plan_message(plan: core.KernelPlan) -> str:
     line = f"{len(plan.selected)} tuned files for {', '.join(plan.facts.device_names) or 'no known GPU'}"
     if plan.entries:
         line += " (" + ", ".join(f"{sum(e.status == s for e in plan.entries)} {s}" for s in sorted(loads)) + ")"
+    if plan.refusals:
+        line += f"; refused: {plan.refusals[0]}"
     if plan.warnings:
         line += f"; {len(plan.warnings)} warnings: {plan.warnings[0]}"
     return line
@@ -38,6 +40,8 @@ def kernels(mc: ModuleContext, args: KernelsArgs) -> TaskResult:
     ``strict: true`` fails a host with warnings."""
     root = mc.path(args.dir)
     tuned = once(mc.run, ("kernels-tuned", str(root)), lambda: core.load_tuned(root))
-    facts, _ = core.gather(mc.session, args.venv or mc.session.host.connection.venv)
-    plan = core.plan_host(mc.host, facts, tuned)
-    return TaskResult(failed=args.strict and bool(plan.warnings), msg=plan_message(plan), data=plan.to_dict())
+    facts, texts = core.gather(mc.session, args.venv or mc.session.host.connection.venv,
+                               texts_named=core.sibling_names(tuned))
+    plan = core.plan_host(mc.host, facts, tuned, texts)
+    failed = bool(plan.refusals) or (args.strict and bool(plan.warnings))  # a refusal: SGLang would stop
+    return TaskResult(failed=failed, msg=plan_message(plan), data=plan.to_dict())
