@@ -61,6 +61,11 @@ def _with_includes(module: str, seen: tuple[str, ...]) -> str:
 
 def bootstrap_command(interpreters: list[str]) -> str:
     """A POSIX shell line that runs the agent under the first interpreter that exists."""
+    return _bootstrap_command(tuple(interpreters))
+
+
+@cache
+def _bootstrap_command(interpreters: tuple[str, ...]) -> str:  # built once per run, not per host
     source, _ = module_source("agent")
     blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
     code = (

@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any
 
 from fleetctl.errors import BecomeError, CommandError, ConnectError, HostKeyError
-from fleetctl.transport import become, hostkeys
+from fleetctl.transport import become, client_keys, hostkeys
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
 from fleetctl.transport.target import SSHTarget
@@ -123,23 +123,25 @@ def _connection(host: str, target: SSHTarget) -> Any:
     gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
     kwargs: dict[str, Any] = {
         "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
-        "key_filename": list(target.key_files), "look_for_keys": target.look_for_keys,
-        "allow_agent": target.allow_agent,
+        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent,
+        **client_keys.auth_kwargs(target.key_files, target.passphrase if target.passphrase is not None
+                                  else target.password),
     }
     if target.password is not None:
         kwargs["password"] = target.password
     if target.passphrase is not None:
         kwargs["passphrase"] = target.passphrase
     # The target is already resolved: Fabric must not apply ssh_config over it a second time.
+    # (A Config per host: Fabric's lazily merged Config is not safe to share between threads.)
     config = Config(overrides={"load_ssh_configs": False}, lazy=True)
     conn = Connection(
         host=target.hostname, user=target.user, port=target.port, gateway=gateway, config=config,
         connect_timeout=max(1, round(target.connect_timeout)), connect_kwargs=kwargs,
     )
-    pinned, revoked = hostkeys.load_known_hosts(target.known_hosts)
-    for name, keys in pinned.items():
-        for key_type, key in keys.items():
-            conn.client.get_host_keys().add(name, key_type, key)
+    # Only this host's own pins: paramiko looks the server up under this one name.
+    pinned, revoked = hostkeys.pinned_for(target.known_hosts, target.key_name)
+    for key_type, key in pinned.items():
+        conn.client.get_host_keys().add(target.key_name, key_type, key)
     conn.fleetctl_revoked = revoked
     conn.client.set_missing_host_key_policy(hostkeys.strict_policy(host, target.known_hosts))
     return conn
