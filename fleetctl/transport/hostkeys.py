@@ -108,7 +108,7 @@ def _pins(path: Path) -> _Pins:
             return cached
         keys, revoked = load_known_hosts(path)
         pins = _Pins(stamp, revoked=frozenset(revoked))
-        for n, entry in enumerate(keys._entries):
+        for n, entry in enumerate(keys._entries):  # type: ignore[attr-defined]  # in file order
             for name in entry.hostnames:
                 if name.startswith("|1|"):
                     pins.hashed.append((n, name, entry.key.get_name(), entry.key))

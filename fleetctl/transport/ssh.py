@@ -164,6 +164,18 @@ class SSHConnector:
         self._conn: Any = None
         self._lock = threading.Lock()
 
+    def prepare(self) -> None:
+        """Read what every connection of the run shares (paramiko, known_hosts, key files) ahead of
+        time: the fan-out's worker processes then inherit it instead of each reading it again."""
+        import fabric  # noqa: F401
+        import paramiko  # noqa: F401
+
+        hop: SSHTarget | None = self.target
+        while hop is not None:
+            hostkeys.pinned_for(hop.known_hosts, hop.key_name)
+            client_keys.auth_kwargs(hop.key_files, hop.passphrase if hop.passphrase is not None else hop.password)
+            hop = hop.jump
+
     def _open(self) -> Any:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
