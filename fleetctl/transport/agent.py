@@ -105,11 +105,13 @@ class AgentClient:
         self._restarts = 0
         self._died = False
         self._just_started = False  # info came with the hello and no request went since
+        self._pending = b""  # bytes read past the hello, not yet consumed
 
     # -- lifecycle -------------------------------------------------------------------------
     def _start(self) -> None:
         self._stream = self.connector.open_stream(bootstrap_command(self.interpreters))
         self._sent = set()
+        self._pending = b""
         deadline = time.monotonic() + self.start_timeout
         self._read_hello(deadline)
         # The agent says what a ping would right after its hello: no round trip to ask it.
@@ -151,7 +153,8 @@ class AgentClient:
     # -- framing ---------------------------------------------------------------------------
     def _recv_exact(self, n: int, deadline: float | None) -> bytes:
         assert self._stream is not None
-        buf = bytearray()
+        buf = bytearray(self._pending[:n])
+        self._pending = self._pending[n:]
         while len(buf) < n:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -166,9 +169,18 @@ class AgentClient:
         seen = b""
         try:
             while MAGIC not in seen:
-                seen += self._recv_exact(1, deadline)
-                if len(seen) > MAX_NOISE:
+                # Whatever came after the hello (the first frames) is kept for the reads that follow.
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                assert self._stream is not None
+                chunk = self._stream.recv(4096, left)
+                if not chunk:
+                    raise EOFError
+                seen += chunk
+                if len(seen) > MAX_NOISE + len(MAGIC) and MAGIC not in seen:
                     raise self._fail("sent no hello (login files print too much?)")
+            self._pending = seen[seen.index(MAGIC) + len(MAGIC):]
         except TimeoutError:
             raise self._fail("did not start in time") from None
         except EOFError:

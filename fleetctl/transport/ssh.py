@@ -26,6 +26,7 @@ from fleetctl.transport.target import SSHTarget
 __all__ = ["SSHConnector", "SSHTarget", "ChannelStream"]
 
 PID_TAG = "@@FLEETCTL-PID "
+EXIT_GRACE_S = 2.0  # after a command's exit status, how long its output may still take to arrive
 
 
 class _PidReader:
@@ -246,6 +247,7 @@ class SSHConnector:
         pid = _PidReader()
         err.add(pid.strip(early))
         started = become.StartedStripper() if self.target.become else None
+        exited_at = 0.0
         try:
             while True:
                 busy = False
@@ -256,13 +258,19 @@ class SSHConnector:
                 while chan.recv_stderr_ready():
                     err.add(pid.strip(chan.recv_stderr(65536)))
                     busy = True
+                # sshd may send the exit status before the last output it still has buffered: the
+                # end is EOF after the exit status (a background process holding the output open
+                # gets EXIT_GRACE_S, as before it got nothing).
                 if not busy and chan.exit_status_ready():
-                    break
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or chan.closed or time.monotonic() - exited_at > EXIT_GRACE_S:
+                        break
                 if deadline is not None and time.monotonic() >= deadline:
                     self._kill_group(pid.pid)
                     raise CommandError(self.host, command, None, tail_text(err.text()))
                 if not busy:
-                    left = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                    left = 0.5 if not exited_at else 0.05
+                    left = left if deadline is None else max(0.0, min(left, deadline - time.monotonic()))
                     select.select([chan], [], [], left)
             rc = chan.recv_exit_status()
         finally:
