@@ -147,7 +147,9 @@ class Fleet:
             self._prepare([self.contexts[n] for n in order])
             stream = spread_map([self.contexts[n] for n in order], fn, self.settings.forks, processes,
                                 self._one, _close_quietly)
-            return dict(zip(order, stream, strict=True))
+            spread = dict(zip(order, stream, strict=True))
+            self._mapped = True  # a later pass runs here (and keeps its connections for the one after)
+            return spread
         self._mapped = True
         workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:

@@ -163,12 +163,17 @@ def _worker(share: list[HostContext], first: int, fn: Callable[[HostContext], T]
     try:
         with ThreadPoolExecutor(max_workers=min(threads, len(share)), thread_name_prefix="fleetctl-host") as pool:
             futures = {pool.submit(one, ctx, fn): first + i for i, ctx in enumerate(share)}
-            for future in as_completed(futures):
-                _send(write_fd, futures[future], future.result(), share[futures[future] - first].name)
-        _send(write_fd, -1, None, "")
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # closing must not be cut short by a second one
-        code = 130
+            try:
+                for future in as_completed(futures):
+                    _send(write_fd, futures[future], future.result(), share[futures[future] - first].name)
+            except KeyboardInterrupt:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # closing must not be cut short by a second one
+                code = 130
+                for ctx in share:  # the connections go first: work in flight ends with them, not at its timeout
+                    with contextlib.suppress(Exception):
+                        ctx.connector.close()
+        if not code:
+            _send(write_fd, -1, None, "")
     except BaseException:  # noqa: BLE001 - a worker must never run the controller's code after the fork
         code = 70
     finally:
