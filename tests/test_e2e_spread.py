@@ -64,7 +64,7 @@ def _agents_under(lab: LabHandle) -> list[int]:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], list(lab.pids.values())
+    found, todo = [], list(lab.pids().values())
     while todo:
         pid = todo.pop()
         for child in children.get(pid, []):
