@@ -214,7 +214,8 @@ class Lab:
         self.ansible_dir = work / "ansible"
         self.pyinfra_inv = peers.pyinfra_setup(fleet.directory, self.addrs, work / "pyinfra")
         self.mux_dir = fleet.directory / "mux"
-        self.ssh_masters = fleet.directory / "ssh-masters"
+        # Short: a ControlPath (this folder + cm-%C + ssh's temporary suffix) must fit a Unix socket name.
+        self.ssh_masters = Path("/tmp") / f"fleetctl-bench-cm-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 
     def fleetctl(self, args: list[str], check: Callable[[int, str], str | None],
                  before: Callable[[], None] | None = None, persist: bool = False) -> Job:

@@ -254,6 +254,11 @@ class MuxAgentClient:
             return answer.get("result")
 
     def ping(self, timeout: float = 30.0) -> AgentInfo:
+        with self._lock:
+            if self._sock is None:  # attaching pings the host's agent (or starts it): that is this ping
+                self._session()
+                assert self.info is not None
+                return self.info
         self.info = AgentInfo(**self._ask({"op": "ping", "timeout": timeout}))
         return self.info
 
