@@ -111,20 +111,21 @@ def targets(fleet: dict[str, dict[str, dict[str, list[float]]]],
             cpu: dict[str, dict[str, dict[str, list[float]]]] | None = None) -> list[dict[str, Any]]:
     """Issues 9 and 4's targets, judged on the largest lab measured, for fleetctl as it starts by
     default (fresh connections) and with kept connections (--persist, as ansible's ControlPersist)."""
-    hi = max(fleet, key=int)
+    hi = max((n for n in fleet if any("openssh" in t for t in fleet[n].values())), key=int,
+             default=max(fleet, key=int))  # the largest lab with every peer (200 hosts has a few)
     found: list[dict[str, Any]] = []
     for job, (bound, vs_ansible) in TARGETS.items():
         tools = fleet[hi].get(job)
         if not tools:
             continue
         for ours in ("fleetctl", "fleetctl-persist"):
-            if ours not in tools:
+            if ours not in tools or "openssh" not in tools:  # the 200-host lab runs ping beside x25519 only
                 continue
             fc = med(tools[ours])
             r = fc / med(tools["openssh"])
             found.append({"hosts": int(hi), "job": job, "what": f"{ours} / openssh <= {bound}",
                           "value": round(r, 2), "met": r <= bound})
-            if vs_ansible:
+            if vs_ansible and "ansible-core" in tools:
                 a = med(tools["ansible-core"]) / fc
                 found.append({"hosts": int(hi), "job": job, "what": f"ansible-core / {ours} >= {vs_ansible}",
                               "value": round(a, 2), "met": a >= vs_ansible})
@@ -178,6 +179,7 @@ def fresh_targets(fleet: dict[str, dict[str, dict[str, list[float]]]],
 def write(doc: dict[str, Any]) -> str:
     """Write results.json (raw samples) and results.md; return the markdown."""
     m = doc["machine"]
+    (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")  # the samples first, whatever follows
     doc["targets"] = targets(doc["fleet"], doc.get("client_cpu_s")) if doc["fleet"] else []
     during = "; ".join(f"after {n} hosts {_load(v)}" for n, v in doc.get("load_during", {}).items())
     md = [
