@@ -14,7 +14,7 @@ of one job alternating within each round, after a warm-up round:
 The peers (ansible-core, pyinfra) are installed by bench/peers.py into .cache/bench-peers/. Writes
 bench/results.md and bench/results.json; takes the lab down at the end, also on error.
 
-    .venv/bin/python bench/run.py [--hosts 8,32] [--runs 5] [--jobs ping,inventory,search,drift,release]
+    .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5] [--jobs ping,inventory,search,drift,release]
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ def measure_jobs(lab: Lab, wanted: list[str], runs: int, release: bool, out: dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=host_counts, default=[8, 32], help="host counts (default 8,32)")
+    ap.add_argument("--hosts", type=host_counts, default=[8, 32, 200], help="host counts (default 8,32,200)")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per command after 1 warm-up (>= 5)")
     ap.add_argument("--jobs", default=",".join(ALL_JOBS), help=f"which jobs (default {','.join(ALL_JOBS)})")
     ap.add_argument("--quick", action="store_true", help="allow --runs below 5 (harness debugging only)")
