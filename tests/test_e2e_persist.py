@@ -64,7 +64,7 @@ def test_cli_persist_ping_list_and_stop(lab_fleet: LabHandle, mux_dir: Path,
         assert all(h["status"] == "ok" for h in r.json()["hosts"].values())
     listed = run_cli(capsys, "-i", inv, "--json", "connections", "list").json()
     assert listed["running"] and {c["host"] for c in listed["connections"]} == set(lab_fleet.hosts)
-    assert all(c["pythons"] == ["/usr/bin/python3"] and not c["in_use"] for c in listed["connections"])
+    assert all(c["pythons"] == ["/usr/bin/python3"] and not c["in_use"] for c in listed["connections"]), listed
     human = run_cli(capsys, "-i", inv, "connections", "list").out
     assert "lab1" in human and f"{len(lab_fleet.hosts)} kept connection(s)" in human
     stopped = run_cli(capsys, "-i", inv, "connections", "stop")

@@ -54,5 +54,8 @@ class AppContext:
         a change always runs on connections of its own, so nothing it holds outlives it."""
         from fleetctl.transport.fleet import Fleet
 
-        settings = self.run_settings(persist=self.persist if read_only else 0.0)
+        persist = self.persist if read_only else 0.0
+        # A read-only command's fan-out is one pass: over many fresh connections, spread over worker
+        # processes (transport/spread.py); a change keeps every host's connection in this process.
+        settings = self.run_settings(persist=persist, workers=0 if read_only and not persist else 1)
         return Fleet(self.inventory, self.selected_hosts(limit), settings)

@@ -1,48 +1,30 @@
 # fleetctl agent: one long-lived process per host and run, started over one SSH channel.
 #
-# Stdlib only, Python >= 3.8. Protocol on stdin/stdout: after a magic hello line, every
-# message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
+# Stdlib only, Python >= 3.8. Protocol on stdin/stdout: a magic hello line, then every
+# message is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. The first
+# message is unasked: {"id": 0, "ok": true, "result": <what "ping" answers>}, so a fresh agent
+# needs no round trip before its first real request.
 # Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?,
 #            "fresh"?} -- "fresh": run the module in a new namespace (a new command on a kept agent)
 # Answers:  {"id", "ok": true, "result": ...} | {"id", "ok": false, "error": {"type", "message", "traceback"}}
 # Module source is shipped once per run and cached here by hash. The agent exits at EOF on
 # stdin, so it never outlives the connection that started it.
-import json
+#
+# Its start is paid on every host of every command: it imports only what a ping needs (no json,
+# re, platform, subprocess, threading or traceback: some 40 ms of a host's CPU); the rest is
+# imported where it is used.
 import os
-import platform
-import struct
-import subprocess
 import sys
-import traceback
+
+import _struct as struct  # struct.py only re-exports it
 
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
 
-
-def user_name():
-    """Who the agent runs as (under become: the become user, not the login)."""
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.geteuid())
-
-# Compiled code of modules run under another interpreter (a venv's python), private to this user.
-CODE_CACHE = ("/var/lib/fleetctl/cache/code" if os.geteuid() == 0
-              else os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", "code"))
-BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
-END = "@@FLEETCTL-JSON-END@@"
-
-# Runs one module under another interpreter (a venv's python). stdout is kept for the
-# delimited answer alone: anything the module prints goes to stderr. A module that sets
-# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
-CHILD_RUNNER = r"""
-import marshal, os, sys
-
-
+# json's own C scanner and encoder, set up as json.loads and json.dumps(..., default=str) set
+# them up, without importing json (and re with it); json itself where _json is missing. Shared
+# with the child runner below, which runs it too.
+CODEC = r"""
 def codec():
-    # (loads, dumps): json's own C scanner and encoder, set up as json.loads and
-    # json.dumps(..., default=str) set them up, without importing json (and re with it: some
-    # 5 ms of every child's start); json itself where _json is missing or differs.
     try:
         from _json import encode_basestring_ascii, make_encoder, make_scanner
 
@@ -70,7 +52,31 @@ def codec():
     def dumps(value):
         return "".join(make_encoder({}, str, encode_basestring_ascii, None, ": ", ", ", False, False, True)(value, 0))
     return loads, dumps
+"""
+exec(CODEC)
+loads, dumps = codec()  # noqa: F821 (defined by CODEC)
 
+
+def user_name():
+    """Who the agent runs as (under become: the become user, not the login)."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
+
+# Compiled code of modules run under another interpreter (a venv's python), private to this user.
+CODE_CACHE = ("/var/lib/fleetctl/cache/code" if os.geteuid() == 0
+              else os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", "code"))
+BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
+END = "@@FLEETCTL-JSON-END@@"
+
+# Runs one module under another interpreter (a venv's python). stdout is kept for the
+# delimited answer alone: anything the module prints goes to stderr. A module that sets
+# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
+CHILD_RUNNER = r"""
+import marshal, os, sys
+""" + CODEC + r"""
 
 loads, dumps = codec()
 req = loads(sys.stdin.read())
@@ -127,6 +133,8 @@ if ns.get("EXIT_AT_ONCE") is True:  # a module with nothing to tidy up: skip the
 
 
 def _error(exc, tb=None):
+    import traceback
+
     err = {"type": type(exc).__name__, "message": str(exc), "traceback": tb or traceback.format_exc()}
     if isinstance(exc, PermissionError):
         not_permitted(err, exc.filename)
@@ -163,7 +171,7 @@ def read_exact(stream, n):
 
 
 def write_message(out, obj):
-    data = json.dumps(obj, default=str).encode("utf-8")
+    data = dumps(obj).encode("utf-8")
     out.write(struct.pack(">I", len(data)) + data)
     out.flush()
 
@@ -204,7 +212,9 @@ class Agent(object):
         if not os.path.exists(python):
             return {"ok": False, "error": {"type": "InterpreterNotFound",
                                            "message": "no python at %s" % python, "traceback": ""}}
-        payload = json.dumps({"module": module, "source": source, "params": params, "begin": BEGIN, "end": END,
+        import subprocess
+
+        payload = dumps({"module": module, "source": source, "params": params, "begin": BEGIN, "end": END,
                               "hash": digest, "cache_dir": CODE_CACHE})
         proc = subprocess.run([python, "-c", CHILD_RUNNER], input=payload.encode("utf-8"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
@@ -214,7 +224,7 @@ class Agent(object):
             tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
             return {"ok": False, "error": {"type": "ChildFailed", "traceback": "",
                                            "message": "%s exited %s: %s" % (python, proc.returncode, " | ".join(tail))}}
-        answer = json.loads(text[start + len(BEGIN):stop])
+        answer = loads(text[start + len(BEGIN):stop])
         err = answer.get("error") or {}
         if err.get("type") == "PermissionError":
             not_permitted(err, err.get("filename"))
@@ -223,17 +233,22 @@ class Agent(object):
     def handle(self, req):
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "result": {"python": sys.executable, "version": platform.python_version(),
-                                           "pid": os.getpid(), "hostname": platform.node(), "user": user_name()}}
+            return {"ok": True, "result": ping_info()}
         if op == "call":
             return self.call(req)
         raise ValueError("unknown op %r" % (op,))
 
 
+def ping_info():
+    # platform.python_version() and platform.node() without importing platform (and re)
+    return {"python": sys.executable, "version": sys.version.split()[0], "pid": os.getpid(),
+            "hostname": os.uname().nodename, "user": user_name()}
+
+
 def serve(inp, out):
     agent = Agent()
     out.write(MAGIC)
-    out.flush()
+    write_message(out, {"id": 0, "ok": True, "result": ping_info()})
     while True:
         header = read_exact(inp, 4)
         if header is None:
@@ -241,7 +256,7 @@ def serve(inp, out):
         body = read_exact(inp, struct.unpack(">I", header)[0])
         if body is None:
             return 0
-        req = json.loads(body.decode("utf-8"))
+        req = loads(body.decode("utf-8"))
         if req.get("op") == "exit":
             write_message(out, {"id": req.get("id"), "ok": True, "result": None})
             return 0
@@ -258,8 +273,8 @@ def serve(inp, out):
 def watchdog(fd, ppid):
     # An operation that hangs must not outlive the run: exit as soon as the controller's end
     # of stdin is gone (channel closed) or our parent (the SSH session) went away.
+    import _thread
     import select
-    import threading
 
     def watch():
         poller = select.poll()
@@ -271,9 +286,7 @@ def watchdog(fd, ppid):
             if os.getppid() != ppid:
                 os._exit(0)
 
-    thread = threading.Thread(target=watch, name="fleetctl-watchdog")
-    thread.daemon = True
-    thread.start()
+    _thread.start_new_thread(watch, ())  # a bare thread: never joined at exit, as a daemon
 
 
 def main():

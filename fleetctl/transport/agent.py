@@ -61,11 +61,16 @@ def _with_includes(module: str, seen: tuple[str, ...]) -> str:
 
 def bootstrap_command(interpreters: list[str]) -> str:
     """A POSIX shell line that runs the agent under the first interpreter that exists."""
+    return _bootstrap_command(tuple(interpreters))
+
+
+@cache
+def _bootstrap_command(interpreters: tuple[str, ...]) -> str:  # built once per run, not per host
     source, _ = module_source("agent")
     blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
     code = (
-        "import zlib,base64;__name__='fleetctl_agent';"
-        f"exec(zlib.decompress(base64.b64decode('{blob}')))"
+        "import zlib,binascii;__name__='fleetctl_agent';"
+        f"exec(zlib.decompress(binascii.a2b_base64('{blob}')))"
     )
     tries = " ".join(shlex.quote(p) for p in interpreters)
     return (
@@ -99,14 +104,19 @@ class AgentClient:
         self._next_id = 0
         self._restarts = 0
         self._died = False
+        self._just_started = False  # info came with the hello and no request went since
+        self._pending = b""  # bytes read past the hello, not yet consumed
 
     # -- lifecycle -------------------------------------------------------------------------
     def _start(self) -> None:
         self._stream = self.connector.open_stream(bootstrap_command(self.interpreters))
         self._sent = set()
-        self._read_hello(time.monotonic() + self.start_timeout)
-        ping = self._request({"op": "ping"}, self.start_timeout)
-        self.info = AgentInfo(**ping)
+        self._pending = b""
+        deadline = time.monotonic() + self.start_timeout
+        self._read_hello(deadline)
+        # The agent says what a ping would right after its hello: no round trip to ask it.
+        self.info = AgentInfo(**self._answer(0, {"op": "ping"}, deadline, self.start_timeout))
+        self._just_started = True
 
     def _ensure_started(self) -> None:
         if self._stream is not None:
@@ -143,7 +153,8 @@ class AgentClient:
     # -- framing ---------------------------------------------------------------------------
     def _recv_exact(self, n: int, deadline: float | None) -> bytes:
         assert self._stream is not None
-        buf = bytearray()
+        buf = bytearray(self._pending[:n])
+        self._pending = self._pending[n:]
         while len(buf) < n:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -158,9 +169,18 @@ class AgentClient:
         seen = b""
         try:
             while MAGIC not in seen:
-                seen += self._recv_exact(1, deadline)
-                if len(seen) > MAX_NOISE:
+                # Whatever came after the hello (the first frames) is kept for the reads that follow.
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                assert self._stream is not None
+                chunk = self._stream.recv(4096, left)
+                if not chunk:
+                    raise EOFError
+                seen += chunk
+                if len(seen) > MAX_NOISE + len(MAGIC) and MAGIC not in seen:
                     raise self._fail("sent no hello (login files print too much?)")
+            self._pending = seen[seen.index(MAGIC) + len(MAGIC):]
         except TimeoutError:
             raise self._fail("did not start in time") from None
         except EOFError:
@@ -169,11 +189,28 @@ class AgentClient:
     def _request(self, msg: dict[str, Any], timeout: float | None) -> Any:
         assert self._stream is not None
         self._next_id += 1
+        self._just_started = False
         msg = {**msg, "id": self._next_id}
         data = json.dumps(msg).encode()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._stream.send(struct.pack(">I", len(data)) + data)
+        except (EOFError, OSError) as exc:
+            raise self._lost(exc) from None
+        return self._answer(msg["id"], msg, deadline, timeout)
+
+    def _lost(self, exc: BaseException) -> Exception:
+        lost = getattr(self._stream, "connection_lost", None)
+        if lost is not None and lost():
+            self._drop()
+            self._died = True
+            return ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): "
+                                           "the host's SSH server or network went away")
+        return self._fail(f"died ({type(exc).__name__})")
+
+    def _answer(self, want_id: int, msg: dict[str, Any], deadline: float | None, timeout: float | None) -> Any:
+        """The next message, which must answer ``want_id``; its result, or the remote error raised."""
+        try:
             size = struct.unpack(">I", self._recv_exact(4, deadline))[0]
             if size > MAX_MESSAGE:
                 raise self._fail(f"sent a {size}-byte message (limit {MAX_MESSAGE})")
@@ -181,14 +218,8 @@ class AgentClient:
         except TimeoutError:
             raise self._fail(f"gave no answer within {timeout:g}s (stopped)") from None
         except (EOFError, OSError) as exc:
-            lost = getattr(self._stream, "connection_lost", None)
-            if lost is not None and lost():
-                self._drop()
-                self._died = True
-                raise ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): "
-                                              "the host's SSH server or network went away") from None
-            raise self._fail(f"died ({type(exc).__name__})") from None
-        if answer.get("id") != msg["id"]:
+            raise self._lost(exc) from None
+        if answer.get("id") != want_id:
             raise self._fail("answered out of order")
         if not answer.get("ok"):
             err = answer.get("error") or {}
@@ -202,6 +233,9 @@ class AgentClient:
     def ping(self, timeout: float = 30.0) -> AgentInfo:
         with self._lock:
             self._ensure_started()
+            if self._just_started and self.info is not None:  # its hello answered this very ping
+                self._just_started = False
+                return self.info
             self.info = AgentInfo(**self._request({"op": "ping"}, timeout))
             return self.info
 

@@ -39,6 +39,9 @@ class RunSettings:
     connect: ConnectOptions = ConnectOptions()  # -u, --private-key, -b, --become-user, -K
     become: bool | None = None  # a play's or task's `become` keyword (beats -b, loses to the inventory)
     become_user: str | None = None
+    # Worker processes for a fan-out over many hosts (transport/spread.py): 1 none, 0 one per core.
+    # Only for commands whose fan-out is one pass of read-only work (their CLI says so).
+    workers: int = 1
 
 
 def interpreters(spec: ConnectionSpec) -> list[str]:
@@ -126,6 +129,7 @@ class Fleet:
         self.contexts = {
             h.name: HostContext(h, make_connector(inventory, h, self.settings), self.settings) for h in hosts
         }
+        self._mapped = False  # a pass ran in this process: its connections are here
 
     def __enter__(self) -> Fleet:
         return self
@@ -136,10 +140,44 @@ class Fleet:
     def map(self, fn: Callable[[HostContext], T], names: Iterable[str] | None = None) -> dict[str, HostResult[T]]:
         """``fn`` on every host (or on ``names``, in that order), in parallel."""
         order = sorted(self.contexts) if names is None else list(names)
+        processes = self._processes(len(order))
+        if processes > 1:
+            from fleetctl.transport.spread import spread_map
+
+            self._prepare([self.contexts[n] for n in order])
+            stream = spread_map([self.contexts[n] for n in order], fn, self.settings.forks, processes,
+                                self._one, _close_quietly)
+            spread = dict(zip(order, stream, strict=True))
+            self._mapped = True  # a later pass runs here (and keeps its connections for the one after)
+            return spread
+        self._mapped = True
         workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
             results = list(pool.map(lambda n: self._one(self.contexts[n], fn), order))
         return dict(zip(order, results, strict=True))
+
+    def _processes(self, hosts: int) -> int:
+        """Worker processes for this pass: only the first pass of a fleet that allows them (a later
+        pass must find the connections an earlier one opened in this process), and not over kept
+        connections (the server holds those)."""
+        if self.settings.workers == 1 or self.settings.persist > 0 or self._mapped:
+            return 1
+        from fleetctl.transport.spread import worker_count
+
+        return worker_count(hosts, self.settings.workers)
+
+    @staticmethod
+    def _prepare(contexts: list[HostContext]) -> None:
+        """Work every host shares, done once before the workers fork (each would repeat it):
+        imports, the agent's bootstrap line, known_hosts and key files read."""
+        from fleetctl.transport.agent import bootstrap_command
+
+        for ctx in contexts:
+            prepare = getattr(ctx.connector, "prepare", None)
+            if prepare is not None:
+                prepare()
+            if isinstance(ctx.agent, AgentClient):
+                bootstrap_command(ctx.agent.interpreters)
 
     def _one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
         if ctx.unreachable:

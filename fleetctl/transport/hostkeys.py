@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass
+import os
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +73,65 @@ def load_known_hosts(path: Path) -> tuple[paramiko.HostKeys, set[str]]:
             for name in entry.hostnames:
                 keys.add(name, entry.key.get_name(), entry.key)
     return keys, revoked
+
+
+@dataclass
+class _Pins:
+    """One known_hosts file, parsed once per run: plain names indexed, hashed names scanned.
+    Each pin keeps its line's position, so a later line wins as in paramiko's ``HostKeys``."""
+
+    stamp: tuple[int, int, int]
+    plain: dict[str, list[tuple[int, str, paramiko.PKey]]] = field(default_factory=dict)
+    hashed: list[tuple[int, str, str, paramiko.PKey]] = field(default_factory=list)  # (n, |1|name, type, key)
+    revoked: frozenset[str] = frozenset()
+
+
+_PINS: dict[Path, _Pins] = {}
+_PINS_LOCK = threading.Lock()
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _pins(path: Path) -> _Pins:
+    """The file's pins, parsed again only when it changed (inode, size or mtime): every host of a
+    run reads the same file, and parsing all of it for each host made a connection cost O(hosts)."""
+    stamp = _stamp(path)
+    with _PINS_LOCK:
+        cached = _PINS.get(path)
+        if cached is not None and cached.stamp == stamp:
+            return cached
+        keys, revoked = load_known_hosts(path)
+        pins = _Pins(stamp, revoked=frozenset(revoked))
+        for n, entry in enumerate(keys._entries):  # type: ignore[attr-defined]  # in file order
+            for name in entry.hostnames:
+                if name.startswith("|1|"):
+                    pins.hashed.append((n, name, entry.key.get_name(), entry.key))
+                else:
+                    pins.plain.setdefault(name, []).append((n, entry.key.get_name(), entry.key))
+        _PINS[path] = pins
+        return pins
+
+
+def pinned_for(path: Path, name: str) -> tuple[dict[str, paramiko.PKey], frozenset[str]]:
+    """The keys ``path`` pins for ``name`` by key type (plain or hashed names, as paramiko's
+    ``HostKeys.lookup`` matches them), and the keys it marks ``@revoked`` (base64)."""
+    import paramiko
+
+    pins = _pins(path)
+    found = list(pins.plain.get(name, ()))
+    for n, hashed, key_type, key in pins.hashed:
+        try:
+            if paramiko.HostKeys.hash_host(name, hashed) == hashed:
+                found.append((n, key_type, key))
+        except (AssertionError, ValueError, TypeError):  # a malformed salt never matches
+            continue
+    return {key_type: key for _n, key_type, key in sorted(found, key=lambda f: f[0])}, pins.revoked
 
 
 def strict_policy(host: str, known_hosts: Path) -> Any:

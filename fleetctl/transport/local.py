@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -54,7 +55,8 @@ class LocalStream:
     def close(self) -> None:
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):  # stdin's unflushed bytes to an agent already dead
+                    pipe.close()
         try:
             self.proc.wait(timeout=3)  # the agent exits at EOF, or its watchdog ends it
         except subprocess.TimeoutExpired:

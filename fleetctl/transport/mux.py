@@ -254,6 +254,11 @@ class MuxAgentClient:
             return answer.get("result")
 
     def ping(self, timeout: float = 30.0) -> AgentInfo:
+        with self._lock:
+            if self._sock is None:  # attaching pings the host's agent (or starts it): that is this ping
+                self._session()
+                assert self.info is not None
+                return self.info
         self.info = AgentInfo(**self._ask({"op": "ping", "timeout": timeout}))
         return self.info
 
@@ -270,6 +275,9 @@ class MuxAgentClient:
 
     def close(self) -> None:
         with self._lock:
+            if self._sock is not None:  # answered once the server no longer counts this command as a user
+                with contextlib.suppress(OSError, EOFError, ValueError):
+                    request(self._sock, {"op": "detach"})
             self._drop()  # the connection and the agents stay with the server
 
 
@@ -484,6 +492,12 @@ class MuxServer:
             return asdict(kept.main.info), kept
         if op == "list":
             return self._list(), kept
+        if op == "detach":  # the command is done with this host: `connections list` shows it idle at once
+            if kept is not None:
+                with self.lock:
+                    kept.users -= 1
+                    kept.last_used = time.monotonic()
+            return None, None
         if op == "stop":
             held = self.close_all()
             self.stopping.set()

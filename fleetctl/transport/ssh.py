@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any
 
 from fleetctl.errors import BecomeError, CommandError, ConnectError, HostKeyError
-from fleetctl.transport import become, hostkeys
+from fleetctl.transport import become, client_keys, hostkeys
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
 from fleetctl.transport.target import SSHTarget
@@ -26,6 +26,7 @@ from fleetctl.transport.target import SSHTarget
 __all__ = ["SSHConnector", "SSHTarget", "ChannelStream"]
 
 PID_TAG = "@@FLEETCTL-PID "
+EXIT_GRACE_S = 2.0  # after a command's exit status, how long its output may still take to arrive
 
 
 class _PidReader:
@@ -123,23 +124,25 @@ def _connection(host: str, target: SSHTarget) -> Any:
     gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
     kwargs: dict[str, Any] = {
         "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
-        "key_filename": list(target.key_files), "look_for_keys": target.look_for_keys,
-        "allow_agent": target.allow_agent,
+        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent,
+        **client_keys.auth_kwargs(target.key_files, target.passphrase if target.passphrase is not None
+                                  else target.password),
     }
     if target.password is not None:
         kwargs["password"] = target.password
     if target.passphrase is not None:
         kwargs["passphrase"] = target.passphrase
     # The target is already resolved: Fabric must not apply ssh_config over it a second time.
+    # (A Config per host: Fabric's lazily merged Config is not safe to share between threads.)
     config = Config(overrides={"load_ssh_configs": False}, lazy=True)
     conn = Connection(
         host=target.hostname, user=target.user, port=target.port, gateway=gateway, config=config,
         connect_timeout=max(1, round(target.connect_timeout)), connect_kwargs=kwargs,
     )
-    pinned, revoked = hostkeys.load_known_hosts(target.known_hosts)
-    for name, keys in pinned.items():
-        for key_type, key in keys.items():
-            conn.client.get_host_keys().add(name, key_type, key)
+    # Only this host's own pins: paramiko looks the server up under this one name.
+    pinned, revoked = hostkeys.pinned_for(target.known_hosts, target.key_name)
+    for key_type, key in pinned.items():
+        conn.client.get_host_keys().add(target.key_name, key_type, key)
     conn.fleetctl_revoked = revoked
     conn.client.set_missing_host_key_policy(hostkeys.strict_policy(host, target.known_hosts))
     return conn
@@ -161,6 +164,18 @@ class SSHConnector:
         self.target = target
         self._conn: Any = None
         self._lock = threading.Lock()
+
+    def prepare(self) -> None:
+        """Read what every connection of the run shares (paramiko, known_hosts, key files) ahead of
+        time: the fan-out's worker processes then inherit it instead of each reading it again."""
+        import fabric  # noqa: F401
+        import paramiko  # noqa: F401
+
+        hop: SSHTarget | None = self.target
+        while hop is not None:
+            hostkeys.pinned_for(hop.known_hosts, hop.key_name)
+            client_keys.auth_kwargs(hop.key_files, hop.passphrase if hop.passphrase is not None else hop.password)
+            hop = hop.jump
 
     def _open(self) -> Any:
         with self._lock:
@@ -240,6 +255,7 @@ class SSHConnector:
         err.add(pid.strip(early))
         started = become.StartedStripper() if self.target.become else None
         heard = time.monotonic()  # when the host last sent anything on this channel
+        exited_at = 0.0
         try:
             while True:
                 busy = False
@@ -252,8 +268,13 @@ class SSHConnector:
                     busy = True
                 if busy:
                     heard = time.monotonic()
+                # sshd may send the exit status before the last output it still has buffered: the
+                # end is EOF after the exit status (a background process holding the output open
+                # gets EXIT_GRACE_S, as before it got nothing).
                 if not busy and chan.exit_status_ready():
-                    break
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or chan.closed or time.monotonic() - exited_at > EXIT_GRACE_S:
+                        break
                 if deadline is not None and time.monotonic() >= deadline:
                     silent = time.monotonic() - heard
                     killed = self._kill_group(pid.pid)
@@ -262,7 +283,8 @@ class SSHConnector:
                            f"and no answer within {self.target.connect_timeout:g}s to ending the command)")
                     raise CommandError(self.host, command, None, tail_text(err.text()), why)
                 if not busy:
-                    left = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+                    left = 0.5 if not exited_at else 0.05
+                    left = left if deadline is None else max(0.0, min(left, deadline - time.monotonic()))
                     select.select([chan], [], [], left)
             rc = chan.recv_exit_status()
         finally:
