@@ -146,19 +146,27 @@ def status(app: AppContext) -> int:
     if app.json:
         render.emit_json(render.results_json(results, lambda r: r.to_dict()))
     else:
-        rows = [[n, render.status_text(r), *(_status_cells(r.value) if r.value else ["", "", "", "", ""])]
-                for n, r in results.items()]
-        render.console().print(render.table(None, ["host", "status", "current", "previous", "service", "health",
-                                                  "warm-up"], rows))
+        rows = []
+        for n, r in results.items():
+            servers = r.value.instances if r.value else [{}]
+            for i, server in enumerate(servers):
+                cells = _status_cells(r.value, server) if r.value else [""] * 6
+                rows.append([n if i == 0 else "", render.status_text(r) if i == 0 else "", *cells])
+        render.console().print(render.table(None, ["host", "status", "current", "previous", "server", "service",
+                                                  "health", "warm-up"], rows))
         render.print_failures(results)
     return exit_code_for(results)
 
 
-def _status_cells(v: Any) -> list[str]:
+def _status_cells(v: Any, server: dict[str, Any]) -> list[str]:
+    """One server's row: its name, running/stopped with the supervisor's restarts, its health."""
     from fleetctl.release.warmup import describe
 
-    return [v.current or "-", v.previous or "-", "running" if v.service.get("running") else "stopped", v.health,
-            describe(v.canary) if v.canary else "-"]
+    state = "running" if server.get("running") else "stopped"
+    if server.get("restarts"):
+        state += f" (restarted {server['restarts']}x, last {server.get('last_exit')})"
+    return [v.current or "-", v.previous or "-", str(server.get("name") or "sglang"), state,
+            str(server.get("health") or "-"), describe(v.canary) if v.canary else "-"]
 
 
 @click.group()
@@ -222,18 +230,20 @@ def remove_release(app: AppContext, release_id: str) -> int:
 
 
 @click.command()
+@click.argument("instance", required=False)
 @click.option("-n", "--lines", type=click.IntRange(1, 10000), default=50, show_default=True,
               help="How many of the last lines.")
 @click.option("--since", metavar="TIME", help="Only lines since TIME (journalctl's --since; systemd hosts).")
 @host_options
 @click.pass_obj
-def logs(app: AppContext, lines: int, since: str | None) -> int:
-    """The inference server's last log lines on every host; identical lines gathered (like shell)."""
+def logs(app: AppContext, instance: str | None, lines: int, since: str | None) -> int:
+    """The inference server's last log lines on every host (INSTANCE: only that server of a release with
+    instances); identical lines gathered (like shell)."""
     from fleetctl import adhoc
     from fleetctl.release.logs import service_logs
 
     with app.fleet(read_only=True) as fleet:
-        results = fleet.map(lambda ctx: service_logs(ctx, lines, since))
+        results = fleet.map(lambda ctx: service_logs(ctx, lines, since, instance))
     if app.json:
         render.emit_json(render.results_json(results, lambda r: {"source": r.command, "lines": r.stdout.splitlines()}))
     else:
