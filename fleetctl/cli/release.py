@@ -9,7 +9,7 @@ import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
-from fleetctl.cli.options import exit_code_for, host_options
+from fleetctl.cli.options import exit_code_for, host_options, rollout_options
 from fleetctl.transport.base import HostResult, Status
 
 break_lock_option = click.option(
@@ -27,10 +27,11 @@ break_lock_option = click.option(
 @click.option("--stage", is_flag=True, help="Build, patch, validate and verify the release on each host without "
               "switching; a later deploy of SPEC there only switches, restarts and gates.")
 @break_lock_option
+@rollout_options
 @host_options
 @click.pass_obj
 def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool,
-           stage: bool) -> int:
+           stage: bool, rollout: Any) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
     (--stage: build and verify only)."""
     from fleetctl.release import deploy as core
@@ -40,14 +41,35 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     loaded = core.load_patches(spec)
     holder = core.who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock, rebuild,
-                                                         stage_only=stage))
+        results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: core.deploy_host(
+            ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage), check)
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
-        render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
+        render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict()),
+                          **halted})
     else:
         print_deploy(spec.release_id, results, show_diff)
+        print_halted(halted)
     return exit_code_for(results)
+
+
+def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
+               check: bool = False) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
+    """``fn`` on every host: at once, or with ``--serial`` in batches under the failure budget (the
+    playbook rollout's planner, ``release/batched.py``); the halt and the journal, when batched."""
+    if not rollout.batched or check:
+        return fleet.map(fn), {}
+    from fleetctl.release.batched import run_batched, skipped_results
+
+    run = run_batched(fleet, fn, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
+                      app.inventory.folder)
+    return skipped_results(run), {"halted": run.halted, "journal": run.journal}
+
+
+def print_halted(halted: dict[str, Any]) -> None:
+    for key in ("halted", "journal"):
+        if halted.get(key):
+            render.console().print(render.cell(f"{key}: {halted[key]}"))
 
 
 def _deploy_reason(r: Any) -> str:
@@ -110,26 +132,29 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 @click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
 @break_lock_option
+@rollout_options
 @host_options
 @click.pass_obj
-def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool) -> int:
+def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool, rollout: Any) -> int:
     """Switch back to a release already on the hosts and restart: nothing is reinstalled."""
     from fleetctl.release.deploy import who
     from fleetctl.release.manage import rollback_host
 
     holder = who(f"fleetctl rollback {to or ''}".strip())
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
+        results, halted = in_batches(app, fleet, rollout, holder["command"],
+                                     lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
     mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
                 + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
     if app.json:
-        render.emit_json(render.results_json(results, lambda r: r.to_dict()))
+        render.emit_json({**render.results_json(results, lambda r: r.to_dict()), **halted})
     else:
         rows = [[n, render.status_text(r), *([r.value.outcome, r.value.from_id or "-", r.value.to_id] if r.value
                                              else ["", "", ""])] for n, r in results.items()]
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
         print_broken_locks(results)
         render.print_failures(results)
+        print_halted(halted)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)
 
