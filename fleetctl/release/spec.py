@@ -129,8 +129,10 @@ def _port(value: Any) -> Any:
         _check_template("port", value)
         return value
     port = int(value)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"port {port} is not in 1-65535")
+    if port > 65535:
+        raise ValueError("Input should be less than or equal to 65535")
+    if port < 1:
+        raise ValueError("Input should be greater than or equal to 1")
     return port
 
 
