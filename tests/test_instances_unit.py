@@ -93,3 +93,14 @@ def test_batches_never_split_a_multi_node_group() -> None:
     group = {"n1": "g1", "n2": "g1", "solo": None, "m1": "g2", "m2": "g2"}.get
     assert batches(["n1", "solo", "n2", "m1", "m2"], [1], group) == [["n1", "n2"], ["solo"], ["m1", "m2"]]
     assert batches(["n1", "n2", "m1", "m2"], ["50%"], group) == [["n1", "n2"], ["m1", "m2"]]
+
+
+def test_node_group_vars_from_the_groups_first_host() -> None:
+    from fleetctl.release.nodegroups import node_vars
+
+    hosts = {"a1": {"mn": "g", "service_host": "10.0.0.1"}, "x": {}, "a2": {"mn": "g"},
+             "b1": {"mn": "h", "ansible_host": "10.0.1.1", "dist_init_port": 7000}}
+    assert node_vars(hosts, "mn") == {
+        "a1": {"nnodes": 2, "node_rank": 0, "dist_init_addr": "10.0.0.1:20000"},
+        "a2": {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:20000"},
+        "b1": {"nnodes": 1, "node_rank": 0, "dist_init_addr": "10.0.1.1:7000"}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     loaded = core.load_patches(spec)
     holder = core.who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
+        from fleetctl.release.nodegroups import annotate
+
+        annotate(fleet.contexts, app.inventory.hosts, spec.model.service.node_group)
+        if spec.model.service.node_group and not rollout.group_var:  # a multi-node server moves as one
+            rollout = replace(rollout, group_var=spec.model.service.node_group)
         results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: core.deploy_host(
             ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage), check)
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
