@@ -81,7 +81,8 @@ step "One-step rollback, as fleetop with sudo" g -b rollback
 step "Status through the alias" g status
 unset FLEETCTL_SSH_CONFIG
 say "Per-host launch args: one spec, lab1 an H200 pair (two TP4 servers), lab2 and lab3 one TP8 server"
-.venv/bin/python - "$INV" "$DEMO/sized.yml" <<'PY'
+SIZED="$(dirname "$INV")/sized.yml"  # beside the lab's inventory: its key paths stay valid
+.venv/bin/python - "$INV" "$SIZED" <<'PY'
 import sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
 sizes = {"lab1": 4, "lab2": 8, "lab3": 8}
@@ -102,7 +103,7 @@ service:
     - {name: tp4-b, gpus: "4,5,6,7", port: 30002}
 health: {timeout: 60, interval: 0.2}
 YML
-s() { $F -i "$DEMO/sized.yml" "$@"; }
+s() { $F -i "$SIZED" "$@"; }
 printf '$ cat %s\n' "$DEMO/pair.yml"; cat "$DEMO/pair.yml"
 step "The rendered commands differ per host (--tp from each host's tp_size), the release id does not" \
   s -l lab1,lab2 deploy "$DEMO/pair.yml" --check --diff

@@ -182,6 +182,7 @@ def status(app: AppContext) -> int:
             servers = r.value.instances if r.value else [{}]
             for i, server in enumerate(servers):
                 cells = _status_cells(r.value, server) if r.value else [""] * 6
+                cells[:2] = cells[:2] if i == 0 else ["", ""]  # the host's releases once, then its servers
                 rows.append([n if i == 0 else "", render.status_text(r) if i == 0 else "", *cells])
         render.console().print(render.table(None, ["host", "status", "current", "previous", "server", "service",
                                                   "health", "warm-up"], rows))
