@@ -80,6 +80,39 @@ step "Who ran it: the login user, and the user sudo gave" g -b shell 'echo "logi
 step "One-step rollback, as fleetop with sudo" g -b rollback
 step "Status through the alias" g status
 unset FLEETCTL_SSH_CONFIG
+say "Per-host launch args: one spec, lab1 an H200 pair (two TP4 servers), lab2 and lab3 one TP8 server"
+SIZED="$(dirname "$INV")/sized.yml"  # beside the lab's inventory: its key paths stay valid
+.venv/bin/python - "$INV" "$SIZED" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+sizes = {"lab1": 4, "lab2": 8, "lab3": 8}
+for name, entry in doc["all"]["children"]["lab"]["hosts"].items():
+    entry["tp_size"] = sizes.get(name, 8)
+yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
+PY
+cat > "$DEMO/pair.yml" <<'YML'
+name: pair
+version: "1"
+base: {adopt: /root/ml-env}
+requires: {sglang: "==0.5.23"}
+service:
+  standin: true
+  args: [--speculative-algorithm, DFLASH, --tp, "{{ tp_size }}"]
+  instances:
+    - {name: tp4-a, gpus: "0,1,2,3", port: 30001}
+    - {name: tp4-b, gpus: "4,5,6,7", port: 30002}
+health: {timeout: 60, interval: 0.2}
+YML
+s() { $F -i "$SIZED" "$@"; }
+printf '$ cat %s\n' "$DEMO/pair.yml"; cat "$DEMO/pair.yml"
+step "The rendered commands differ per host (--tp from each host's tp_size), the release id does not" \
+  s -l lab1,lab2 deploy "$DEMO/pair.yml" --check --diff
+step "Two servers on lab1, each its own supervised unit, restarted and gated in order" \
+  s -l lab1 deploy "$DEMO/pair.yml"
+step "Status shows each server" s -l lab1 status
+step "Each server's log (fleetctl logs [INSTANCE])" s -l lab1 logs -n 2
+step "Day-2: restart the fleet's servers one host at a time, stopping at the first failure" \
+  s -l 'lab:!lab4' service restart --serial 1
 step "Every run is journaled beside the inventory" f runs list
 step "The fleet at a glance: release, service, drift, GPU health and the last run per host, one page" \
   f report --venv /root/ml-env --skip unsatisfied --output "$DEMO/fleet.html"

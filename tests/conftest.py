@@ -91,9 +91,11 @@ def sglang_lab(lab_fleet: LabHandle) -> LabHandle:
     return lab_fleet
 
 
-# Stops the release service (by its pidfile) and removes every release and its state on a host.
-CLEAN_RELEASES = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-                  "rm -rf /opt/fleetctl /var/lib/fleetctl; true")
+# Stops the release's servers and their supervisors (by their pidfiles) and removes every release,
+# its state and the supervisor's boot entries on a host.
+CLEAN_RELEASES = ("for f in /var/lib/fleetctl/service/*.supervisor.pid /var/lib/fleetctl/service/*.pid; do "
+                  "[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; "
+                  "rm -rf /opt/fleetctl /var/lib/fleetctl /etc/fleetctl/boot.d; true")
 
 
 @pytest.fixture(scope="module")

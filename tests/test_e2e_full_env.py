@@ -41,7 +41,8 @@ PLAIN, DDTREE = RELEASES / "sglang-0.5.23-full-lab.yml", RELEASES / "ddtree-sgla
 HYBRID_LINEAR = "sglang/srt/layers/attention/hybrid_linear_attn_backend.py"
 TIMES: dict[str, float] = {}
 BUILDS: dict[str, dict] = {}
-CLEAN_RELEASES = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+CLEAN_RELEASES = ("g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
+                  "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
                   "rm -rf /opt/fleetctl /var/lib/fleetctl; true")  # as conftest's release_free_lab
 
 

@@ -39,7 +39,8 @@ with open(os.path.join(site, "nonrootpkg-1.0.dist-info/RECORD"), "w") as handle:
 """
 OWN = {"fleetctl_root": "/home/fleetop/fleetctl", "fleetctl_state_dir": "/home/fleetop/state",
        "service_port": 30077}  # its own port: a root release of another test may serve 30000
-STOP_OWN = ("f=/home/fleetop/state/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+STOP_OWN = ("g=/home/fleetop/state/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
+            "f=/home/fleetop/state/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
             "rm -rf /home/fleetop/fleetctl /home/fleetop/state /home/fleetop/.cache /srv/new-env; true")
 
 
@@ -221,7 +222,8 @@ def test_service_user_runs_the_server_as_fleetop(nonroot_lab: LabHandle, tmp_pat
     spec.write_text(f'name: asuser\nversion: "1"\nbase: {{adopt: {ENV}}}\n'
                     "service: {standin: true, user: fleetop, env: {SECRET_THING: s3cret}}\n"
                     "health: {timeout: 15, interval: 0.2}\n")
-    stop = ("f=/srv/userstate/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+    stop = ("g=/srv/userstate/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
+            "f=/srv/userstate/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
             "rm -rf /srv/userrel /srv/userstate; true")
     try:
         r = cli(capsys, inv, "-l", "lab3", "deploy", str(spec), "--json")

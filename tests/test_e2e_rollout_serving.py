@@ -39,6 +39,8 @@ from test_e2e_playbook import (  # noqa: F401  (lab, rollout_lab: the fixtures)
 
 pytestmark = pytest.mark.lab
 KILL_SERVICE = "f=/var/lib/fleetctl/service/sglang.pid; kill -9 $(head -1 $f)"
+# Down for good: the supervisor first (it would start the server again), then the server.
+STOP_SERVICE = "kill -9 $(head -1 /var/lib/fleetctl/service/sglang.supervisor.pid); " + KILL_SERVICE
 
 
 def test_a_staging_failure_stops_the_run_before_any_switch(lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,7 +169,7 @@ def test_a_server_killed_during_the_last_batchs_soak_fails_it(lab: LabHandle, tm
 
 def test_min_healthy_counts_a_host_already_down(lab: LabHandle, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    lab.ssh("lab4", KILL_SERVICE)  # down before the rollout starts
+    lab.ssh("lab4", STOP_SERVICE)  # down before the rollout starts
     book = playbook(tmp_path, rollout([1, 2], min_healthy=2))
     r = run(capsys, lab, str(book), "--json")
     doc = r.json()

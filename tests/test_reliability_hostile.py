@@ -236,7 +236,8 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
         cli("-l", "third", "shell", f"touch /root/{Path(control).name}")
         assert markers_found(lab, control) == [f"lab3:/root/{Path(control).name}"]
     finally:
-        lab.ssh("lab3", "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
+        lab.ssh("lab3", "g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g); "
+                        "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
                         f"rm -rf /opt/fleetctl /var/lib/fleetctl {TINY}; true")
         for host in lab.hosts:
             lab.ssh(host, f"rm -f /root/{Path(marker).name}-control; true")

@@ -29,7 +29,8 @@ RELEASES = REPO / "playbooks" / "releases"
 PLAIN = RELEASES / "sglang-0.5.23-lab.yml"
 DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
-CLEAN = ("f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
+CLEAN = ("g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
+         "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
          "rm -rf /opt/fleetctl/* /var/lib/fleetctl; true")
 
 

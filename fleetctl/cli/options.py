@@ -134,3 +134,43 @@ def _ask_vault(label: str) -> VaultSecret:
     else:
         password = sys.stdin.readline().rstrip("\r\n")
     return VaultSecret(label, password.encode())
+
+
+def _serial_steps(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int | str, ...]:
+    from fleetctl.playbook.schema import _check_step
+
+    steps: list[int | str] = []
+    for value in values:
+        for part in value.split(","):
+            try:
+                steps.append(_check_step(part.strip()))
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+    return tuple(steps)
+
+
+def rollout_options(fn: Any) -> Any:
+    """``--serial`` and the failure budgets, as a play's ``serial``, ``max_fail_percentage``,
+    ``max_failures`` and ``serial_group_var`` (one planner: ``playbook/rollout.py``); passed as ``rollout``."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, serial: tuple[int | str, ...], max_fail_percentage: float | None,
+                max_failures: int | None, group_by: str | None, **kwargs: Any) -> Any:
+        from fleetctl.playbook.rollout import Budget
+        from fleetctl.release.batched import Rollout
+
+        how = Rollout(serial, Budget(max_fail_percentage, max_failures), group_by)
+        return fn(*args, rollout=how, **kwargs)
+
+    wrapper = click.option("--serial", multiple=True, metavar="N|P%", callback=_serial_steps,
+                           help="Hosts per batch, a count or a percentage; repeatable or comma-separated "
+                                "(1,50%: a canary, then half); the last step repeats.")(wrapper)
+    wrapper = click.option("--max-fail-percentage", type=click.FloatRange(0, 100), default=None,
+                           help="Stop when more than this share of a batch failed.")(wrapper)
+    wrapper = click.option("--max-failures", type=click.IntRange(0), default=None,
+                           help="Stop when more than this many hosts failed in all.")(wrapper)
+    wrapper = click.option("--group-by", metavar="VAR", default=None,
+                           help="A host variable naming each host's multi-node group: a batch never splits one.")(
+        wrapper)
+    return wrapper

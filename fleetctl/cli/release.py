@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
-from fleetctl.cli.options import exit_code_for, host_options
+from fleetctl.cli.options import exit_code_for, host_options, rollout_options
 from fleetctl.transport.base import HostResult, Status
 
 break_lock_option = click.option(
@@ -27,10 +28,11 @@ break_lock_option = click.option(
 @click.option("--stage", is_flag=True, help="Build, patch, validate and verify the release on each host without "
               "switching; a later deploy of SPEC there only switches, restarts and gates.")
 @break_lock_option
+@rollout_options
 @host_options
 @click.pass_obj
 def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool,
-           stage: bool) -> int:
+           stage: bool, rollout: Any) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
     (--stage: build and verify only)."""
     from fleetctl.release import deploy as core
@@ -40,14 +42,40 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     loaded = core.load_patches(spec)
     holder = core.who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: core.deploy_host(ctx, spec, loaded, check, holder, break_lock, rebuild,
-                                                         stage_only=stage))
+        from fleetctl.release.nodegroups import annotate
+
+        annotate(fleet.contexts, app.inventory.hosts, spec.model.service.node_group)
+        if spec.model.service.node_group and not rollout.group_var:  # a multi-node server moves as one
+            rollout = replace(rollout, group_var=spec.model.service.node_group)
+        results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: core.deploy_host(
+            ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage), check)
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
-        render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict())})
+        render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict()),
+                          **halted})
     else:
         print_deploy(spec.release_id, results, show_diff)
+        print_halted(halted)
     return exit_code_for(results)
+
+
+def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
+               check: bool = False) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
+    """``fn`` on every host: at once, or with ``--serial`` in batches under the failure budget (the
+    playbook rollout's planner, ``release/batched.py``); the halt and the journal, when batched."""
+    if not rollout.batched or check:
+        return fleet.map(fn), {}
+    from fleetctl.release.batched import run_batched, skipped_results
+
+    run = run_batched(fleet, fn, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
+                      app.inventory.folder)
+    return skipped_results(run), {"halted": run.halted, "journal": run.journal}
+
+
+def print_halted(halted: dict[str, Any]) -> None:
+    for key in ("halted", "journal"):
+        if halted.get(key):
+            render.console().print(render.cell(f"{key}: {halted[key]}"))
 
 
 def _deploy_reason(r: Any) -> str:
@@ -110,26 +138,29 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 @click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
 @break_lock_option
+@rollout_options
 @host_options
 @click.pass_obj
-def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool) -> int:
+def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool, rollout: Any) -> int:
     """Switch back to a release already on the hosts and restart: nothing is reinstalled."""
     from fleetctl.release.deploy import who
     from fleetctl.release.manage import rollback_host
 
     holder = who(f"fleetctl rollback {to or ''}".strip())
     with app.fleet() as fleet:
-        results = fleet.map(lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
+        results, halted = in_batches(app, fleet, rollout, holder["command"],
+                                     lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
     mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
                 + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
     if app.json:
-        render.emit_json(render.results_json(results, lambda r: r.to_dict()))
+        render.emit_json({**render.results_json(results, lambda r: r.to_dict()), **halted})
     else:
         rows = [[n, render.status_text(r), *([r.value.outcome, r.value.from_id or "-", r.value.to_id] if r.value
                                              else ["", "", ""])] for n, r in results.items()]
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
         print_broken_locks(results)
         render.print_failures(results)
+        print_halted(halted)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)
 
@@ -146,19 +177,28 @@ def status(app: AppContext) -> int:
     if app.json:
         render.emit_json(render.results_json(results, lambda r: r.to_dict()))
     else:
-        rows = [[n, render.status_text(r), *(_status_cells(r.value) if r.value else ["", "", "", "", ""])]
-                for n, r in results.items()]
-        render.console().print(render.table(None, ["host", "status", "current", "previous", "service", "health",
-                                                  "warm-up"], rows))
+        rows = []
+        for n, r in results.items():
+            servers = r.value.instances if r.value else [{}]
+            for i, server in enumerate(servers):
+                cells = _status_cells(r.value, server) if r.value else [""] * 6
+                cells[:2] = cells[:2] if i == 0 else ["", ""]  # the host's releases once, then its servers
+                rows.append([n if i == 0 else "", render.status_text(r) if i == 0 else "", *cells])
+        render.console().print(render.table(None, ["host", "status", "current", "previous", "server", "service",
+                                                  "health", "warm-up"], rows))
         render.print_failures(results)
     return exit_code_for(results)
 
 
-def _status_cells(v: Any) -> list[str]:
+def _status_cells(v: Any, server: dict[str, Any]) -> list[str]:
+    """One server's row: its name, running/stopped with the supervisor's restarts, its health."""
     from fleetctl.release.warmup import describe
 
-    return [v.current or "-", v.previous or "-", "running" if v.service.get("running") else "stopped", v.health,
-            describe(v.canary) if v.canary else "-"]
+    state = "running" if server.get("running") else "stopped"
+    if server.get("restarts"):
+        state += f" (restarted {server['restarts']}x, last {server.get('last_exit')})"
+    return [v.current or "-", v.previous or "-", str(server.get("name") or "sglang"), state,
+            str(server.get("health") or "-"), describe(v.canary) if v.canary else "-"]
 
 
 @click.group()
@@ -224,18 +264,20 @@ def remove_release(app: AppContext, release_id: str) -> int:
 
 
 @click.command()
+@click.argument("instance", required=False)
 @click.option("-n", "--lines", type=click.IntRange(1, 10000), default=50, show_default=True,
               help="How many of the last lines.")
 @click.option("--since", metavar="TIME", help="Only lines since TIME (journalctl's --since; systemd hosts).")
 @host_options
 @click.pass_obj
-def logs(app: AppContext, lines: int, since: str | None) -> int:
-    """The inference server's last log lines on every host; identical lines gathered (like shell)."""
+def logs(app: AppContext, instance: str | None, lines: int, since: str | None) -> int:
+    """The inference server's last log lines on every host (INSTANCE: only that server of a release with
+    instances); identical lines gathered (like shell)."""
     from fleetctl import adhoc
     from fleetctl.release.logs import service_logs
 
     with app.fleet(read_only=True) as fleet:
-        results = fleet.map(lambda ctx: service_logs(ctx, lines, since))
+        results = fleet.map(lambda ctx: service_logs(ctx, lines, since, instance))
     if app.json:
         render.emit_json(render.results_json(results, lambda r: {"source": r.command, "lines": r.stdout.splitlines()}))
     else:

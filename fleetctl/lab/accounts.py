@@ -98,12 +98,21 @@ def _write_in_place(path: Path, text: str, mode: int) -> None:
 def write_account_files(paths: LabPaths, host: LabHost, client_public_key: str) -> None:
     """The host's own /etc before it starts: the machine's, plus fleetop with passwordless sudo."""
     etc = etc_dir(paths, host.name)
+    # What fleetctl itself keeps in the host's /etc (the supervisor's boot entries) survives a
+    # restart, as a real host's /etc survives a reboot; the rest is the machine's again.
+    kept = etc.parent / f".{etc.name}-fleetctl"
+    if (etc / "fleetctl").is_dir():
+        shutil.rmtree(kept, ignore_errors=True)
+        (etc / "fleetctl").rename(kept)
     if etc.exists():
         shutil.rmtree(etc)
     copied = subprocess.run(["cp", "-a", "--no-target-directory", "/etc", str(etc)], capture_output=True,
                             text=True, check=False)
     if copied.returncode != 0:
         raise LabError(f"cannot copy /etc for lab host {host.name}: {copied.stderr.strip()}")
+    if kept.is_dir():
+        shutil.rmtree(etc / "fleetctl", ignore_errors=True)
+        kept.rename(etc / "fleetctl")
     passwd = _without_user(_read_machine("/etc/passwd"), "/etc/passwd")
     passwd.append(f"{LAB_USER}:x:{LAB_UID}:{LAB_UID}:fleetctl lab user:{LAB_HOME}:/bin/bash")
     group = _without_user(_read_machine("/etc/group"), "/etc/group")

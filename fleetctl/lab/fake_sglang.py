@@ -45,6 +45,7 @@ from __future__ import annotations  # annotations stay strings: Python 3.8 runs 
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -109,6 +110,8 @@ def server_info(opts: argparse.Namespace, served: Served) -> dict[str, Any]:
     info.update({"version": opts.version, "internal_states": [states], "max_total_num_tokens": 1048576})
     if getattr(opts, "standin", None):
         info["fleetctl_standin"] = opts.standin  # what the release-mode stand-in found installed
+        # The GPUs it was given (a real server sees only these): shows which instance got which.
+        info["fleetctl_standin"]["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     return info
 
 

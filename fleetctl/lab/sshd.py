@@ -82,9 +82,14 @@ def read_banner(address: str, timeout: float = 1.0) -> str | None:
     return line if line.startswith("SSH-") else None
 
 
+# The lab host's "init": at start (a boot, after a stop) it runs every executable in this folder of
+# the host's own /etc, as a host's boot would (fleetctl's supervisor puts its boot entries there).
+BOOT_DIR = "/etc/fleetctl/boot.d"
+
+
 def host_script(paths: LabPaths, host: LabHost) -> str:
-    """The shell run inside the new namespaces: its own /etc and private folders, hostname, then
-    exec sshd."""
+    """The shell run inside the new namespaces: its own /etc and private folders, hostname, the boot
+    entries (in the background), then exec sshd."""
     base = paths.host_dir(host.name)
     steps = ["set -e"]
     for sub, target in (ETC_MOUNT, *PRIVATE_MOUNTS):
@@ -93,6 +98,7 @@ def host_script(paths: LabPaths, host: LabHost) -> str:
     boot_id = shlex.quote(str(base / "boot_id"))
     steps.append(f"[ -f {boot_id} ] && mount --bind {boot_id} /proc/sys/kernel/random/boot_id || true")
     steps.append(f"hostname {shlex.quote(host.name)}")
+    steps.append(f'for f in {BOOT_DIR}/*; do if [ -x "$f" ]; then setsid "$f" </dev/null >/dev/null 2>&1 & fi; done')
     steps.append(f"exec {SSHD} -D -e -f {shlex.quote(str(paths.sshd_config(host.name)))}")
     return "\n".join(steps)
 

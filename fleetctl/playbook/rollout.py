@@ -9,9 +9,9 @@ Without either budget, failed hosts drop out and the others go on, unless a whol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -22,20 +22,51 @@ def step_size(step: int | str, total: int) -> int:
     return max(1, int(total * float(step.rstrip("%")) / 100))
 
 
-def batches(hosts: Sequence[T], serial: Sequence[int | str] | None) -> list[list[T]]:
-    """Split ``hosts`` (in order) into the play's batches."""
+def batches(hosts: Sequence[T], serial: Sequence[int | str] | None,
+            group_of: Callable[[T], object] | None = None) -> list[list[T]]:
+    """Split ``hosts`` (in order) into the play's batches. With ``group_of`` (a host's value of the
+    play's ``serial_group_var``: the nodes of one multi-node server), hosts of one group move
+    together: a group joins its first host's batch, and a batch that would split one grows to hold
+    it whole (hosts without a value are groups of one)."""
     if not hosts:
         return []
     if not serial:
         return [list(hosts)]
+    units = _units(hosts, group_of)
     out: list[list[T]] = []
     i, n = 0, 0
-    while i < len(hosts):
+    while i < len(units):
         size = step_size(serial[min(n, len(serial) - 1)], len(hosts))
-        out.append(list(hosts[i:i + size]))
-        i += size
+        batch: list[T] = []
+        while i < len(units) and (not batch or len(batch) + len(units[i]) <= size):
+            batch += units[i]
+            i += 1
+        out.append(batch)
         n += 1
     return out
+
+
+def group_of(fleet: Any, var: str | None) -> Callable[[str], object] | None:
+    """A host's value of ``var`` (its multi-node group), read from the fleet's host variables."""
+    if not var:
+        return None
+    return lambda host: fleet.contexts[host].vars.get(var) if host in fleet.contexts else None
+
+
+def _units(hosts: Sequence[T], group_of: Callable[[T], object] | None) -> list[list[T]]:
+    """Hosts gathered by group, each group where its first host is (without ``group_of``: one each)."""
+    units: list[list[T]] = []
+    where: dict[object, list[T]] = {}
+    for host in hosts:
+        key = group_of(host) if group_of else None
+        if key is None or key == "":
+            units.append([host])
+        elif key in where:
+            where[key].append(host)
+        else:
+            where[key] = [host]
+            units.append(where[key])
+    return units
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,8 @@ class Runner:
         self.open_hosts(play, hosts)
         self.deadline = time.monotonic() + model.progress_deadline if model.progress_deadline else None
         recorded = releases.record_releases(self, play, hosts) if play.has_module("release") else {}
-        rollout_ = Rollout(play, rollout.batches(hosts, model.serial), recorded)
+        group_of = rollout.group_of(self.fleet, model.serial_group_var)
+        rollout_ = Rollout(play, rollout.batches(hosts, model.serial, group_of), recorded)
         for b, batch in enumerate(rollout_.plan):
             if b:
                 capacity.between_batches(self, rollout_, b)

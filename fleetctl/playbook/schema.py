@@ -57,6 +57,8 @@ class PlayModel(BaseModel):
     hosts: str
     vars: dict[str, Any] = Field(default_factory=dict)
     serial: list[int | str] | None = None  # a single step is read as a list of one
+    # A host variable naming each host's multi-node group: batches never split a group.
+    serial_group_var: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     max_fail_percentage: float | None = Field(default=None, ge=0, le=100)
     max_failures: int | None = Field(default=None, ge=0)
     any_errors_fatal: bool = False

@@ -22,25 +22,26 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from fleetctl.errors import HostError, RemoteOperationError
-from fleetctl.release import identity
+from fleetctl.errors import HostError
+from fleetctl.release import identity, servers
+from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
 from fleetctl.release import stage as stagelib
-from fleetctl.release.gates import GateResult, run_gates, wait_healthy
+from fleetctl.release.gates import GateResult, run_gates
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
+from fleetctl.release.servers import restart, switch
 from fleetctl.release.service import (
     STANDIN,
     STANDIN_NAME,
     HostLayout,
     command,
-    control,
     env_file,
     layout_for,
     listen,
     stored_params,
 )
-from fleetctl.release.spec import Health, PatchFile, ReleaseSpec
+from fleetctl.release.spec import PatchFile, ReleaseSpec
 from fleetctl.secrets import masked
 from fleetctl.transport.base import HostSession
 
@@ -175,7 +176,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             previous = state.get("previous") if state.get("current") == rid else state.get("current")
             result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke,
                                   staged=True)
-            unchanged = state.get("current") == rid and service_running(session, layout)
+            unchanged = state.get("current") == rid and service_running(session, spec, layout)
             return go_live(session, spec, layout, result, holder, unchanged)
         result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
         result.broke_lock = broke
@@ -185,7 +186,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
                                             patched_overlay(base["site"], files))
             return result
         rid = result.release_id
-        unchanged = base["state"].get("current") == rid and service_running(session, layout)
+        unchanged = base["state"].get("current") == rid and service_running(session, spec, layout)
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
@@ -220,25 +221,31 @@ def build_half_plan(session: HostSession, spec: ReleaseSpec, loaded: Loaded, lay
 
 def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
             holder: dict[str, Any], unchanged: bool) -> DeployResult:
-    """The switch half: switch ``current``, restart, health gates; back to ``previous`` on failure."""
+    """The switch half: switch ``current`` once, then each instance in order restarted and gated;
+    any failure takes the whole host (all its instances) back to ``previous``."""
     rid, previous = result.release_id, result.previous
     if not unchanged:
+        before = servers.current_names(session, layout)
         switch(session, layout, rid, "deploy", holder)
-        result.restart_error = restart(session, layout)
-        if result.restart_error:  # not serving the new release: back, exactly as a failed gate
+        servers.stop_gone(session, layout, before, [i.name for i in insts.of_spec(spec)])
+    for inst in insts.of_spec(spec):
+        if not unchanged:
+            failed = restart(session, layout, inst.name)
+            if failed:  # not serving the new release: back, exactly as a failed gate
+                result.restart_error = f"{inst.name}: {failed}" if inst.name else failed
+                return roll_back_after_failure(session, spec, layout, result, holder)
+        # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
+        # switched but never checked; running again checks it, and rolls back if it is bad.
+        gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
+                          None if unchanged else previous, inst.name)
+        result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
+        if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
-    # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
-    # switched but never checked; running again checks it, and rolls back if it is bad.
-    result.gates = run_gates(session, spec.model.health, layout, listen(spec, layout)[1], rid,
-                             None if unchanged else previous)
-    if all(g.ok for g in result.gates):
-        result.outcome = "unchanged" if unchanged else "deployed"
-        if unchanged:
-            return result
+    result.outcome = "unchanged" if unchanged else "deployed"
+    if not unchanged:
         pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})
         result.pruned, result.pruned_bases = pruned["removed"], pruned.get("bases_removed") or []
-        return result
-    return roll_back_after_failure(session, spec, layout, result, holder)
+    return result
 
 
 def launch_args_fit(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
@@ -318,10 +325,12 @@ def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
         old = base["files"].get(path) or ""
         out[path] = "".join(difflib.unified_diff(old.splitlines(True), (text or "").splitlines(True),
                                                  f"a/{path}", f"b/{path}"))
-    out["service.env"] = env_file(spec, kernels.env if kernels else None, host_vars)
-    if layout is not None:  # the launch command as this host renders it (its vars, secrets masked)
-        shown = replace(layout, host_vars=host_vars or {})
-        out["service.command"] = " ".join(shlex.quote(a) for a in command(spec, shown)) + "\n"
+    for inst in insts.of_spec(spec):
+        key = "service" if inst.name is None else f"service.{inst.name}"
+        out[f"{key}.env"] = env_file(spec, kernels.env if kernels else None, host_vars, inst)
+        if layout is not None:  # the launch command as this host renders it (its vars, secrets masked)
+            shown = replace(layout, host_vars=host_vars or {})
+            out[f"{key}.command"] = " ".join(shlex.quote(a) for a in command(spec, shown, inst)) + "\n"
     if kernels:  # fleetctl kernels
         out["kernels/configs"] = kernels.describe()
     return out
@@ -332,7 +341,13 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
           base_fingerprint: str) -> dict[str, Any]:
     """The release folder (service.env holds the real values, 0600), cloned from the base whose
     fingerprint the manifest records."""
-    extra = {"service.json": json.dumps(stored_params(spec, layout), indent=1)}
+    extra = {inst.params_name: json.dumps(stored_params(spec, layout, inst), indent=1) for inst in insts.of_spec(spec)}
+    record = insts.release_record(spec)
+    if record is not None:  # the release's instances, in order
+        extra["service.json"] = json.dumps(record, indent=1)
+    kernel_env = kernels.env if kernels else None
+    env_files = {inst.env_name: env_file(spec, kernel_env, session.vars, inst)
+                 for inst in insts.of_spec(spec) if inst.name is not None}
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
     manifest: dict[str, Any] = {"release_id": release_id, "spec_digest": spec.digest, "spec": spec.path.name,
@@ -343,45 +358,35 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": release_id, "base_venv": base["path"],
         "site": base["site"], "files": files,
-        "env_file": env_file(spec, kernels.env if kernels else None, session.vars),
+        "env_file": env_file(spec, kernel_env, session.vars), "env_files": env_files,
         "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
         "service_user": spec.model.service.user,
     }, timeout=1800))
 
 
-def switch(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> None:
-    session.call("release_host", {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
-                                  "who": f"{holder['user']}@{holder['controller']}"})
-
-
-def restart(session: HostSession, layout: HostLayout) -> str | None:
-    """Restart the service of ``current``; why it failed (the host's own line), or None. A lost host
-    or agent is not caught: nothing could be switched back there."""
-    try:
-        session.call("service_host", control(layout, "restart"))
-    except RemoteOperationError as exc:
-        return exc.reason
-    return None
-
-
-def service_running(session: HostSession, layout: HostLayout) -> bool:
-    return bool(session.call("service_host", control(layout, "status")).get("running"))
+def service_running(session: HostSession, spec: ReleaseSpec, layout: HostLayout) -> bool:
+    return servers.running(session, layout, [i.name for i in insts.of_spec(spec)])
 
 
 def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
                             holder: dict[str, Any]) -> DeployResult:
-    """A gate or the restart failed: back to the release that ran before, restarted and checked again.
-    When that restart fails too, the service may still run the previous release (a restart that
-    was refused stopped nothing): the health check after it says whether it serves."""
+    """A gate or a restart failed: the whole host back to the release that ran before, every one of its
+    instances restarted and checked again (the new release's other instances stopped). When a
+    restart fails too, the service may still run the previous release (a restart that was refused
+    stopped nothing): the health check after it says whether it serves."""
+    ours = [i.name for i in insts.of_spec(spec)]
     if not result.previous:
-        session.call("service_host", control(layout, "stop"))
+        for name in ours:
+            servers.stop(session, layout, name)
         result.outcome = "failed-no-previous"
         return result
     what = "restart" if result.restart_error else "health gate"
     switch(session, layout, result.previous, f"{what} failed for {result.release_id}", holder)
-    again = restart(session, layout)
-    health = Health(path=spec.model.health.path, timeout=spec.model.health.timeout)
-    result.rollback_gates = [wait_healthy(session, health, layout, listen(spec, layout)[1])]
+    theirs = servers.current_names(session, layout)
+    servers.stop_gone(session, layout, ours, theirs)
+    again = servers.restart_all(session, layout, theirs)
+    # The release returned to is known good: give it time to start even when the failed one's gate was short.
+    result.rollback_gates = servers.healthy_all(session, layout, theirs, max(spec.model.health.timeout, 30.0))
     if again:
         result.rollback_gates.insert(0, GateResult("restart", False, again))
     result.outcome = "rolled-back"

@@ -35,10 +35,12 @@ class GateResult:
 
 
 def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
-              release_id: str | None = None, previous: str | None = None) -> list[GateResult]:
+              release_id: str | None = None, previous: str | None = None,
+              instance: str | None = None) -> list[GateResult]:
     """Every gate in order until one fails; the list says what passed and what did not. With a
-    warm-up, its measurement is kept with ``release_id`` on the host (the next canary's baseline)."""
-    results = [wait_healthy(session, health, layout, port)]
+    warm-up, its measurement is kept with ``release_id`` on the host (the next canary's baseline;
+    an instance's under ``release_id@NAME``, compared with the same instance's)."""
+    results = [wait_healthy(session, health, layout, port, instance)]
     if not results[-1].ok:
         return results
     venv = f"{layout.current}/venv"
@@ -52,7 +54,7 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         ok, detail, measured = warmup.warm_up(session, health.warmup, port)
         results.append(GateResult("warm-up", ok, detail, time.monotonic() - start, measured))
         if release_id:
-            warmup.save(session, layout, release_id, measured)
+            warmup.save(session, layout, release_id, measured, instance)
         if not ok:
             return results
     for threshold in health.thresholds:
@@ -60,14 +62,17 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         if not results[-1].ok:
             return results
     if health.canary is not None and measured is not None:
-        before = warmup.load(session, layout, previous)
+        before = warmup.load(session, layout, previous, instance)
         ok, detail = warmup.judge(health.canary, measured, before, previous)
         results.append(GateResult(f"canary vs {previous or 'nothing before'}", ok, detail, 0.0,
                                   {"now": measured, "before": before}))
     return results
 
 
-def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port: int) -> GateResult:
+def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port: int,
+                 instance: str | None = None) -> GateResult:
+    """/health 200 from the release's own running server. A server the supervisor had to restart
+    (it exited since fleetctl started it) fails at once: serving again is not the same as healthy."""
     start = time.monotonic()
     deadline = start + health.timeout
     last = "no answer yet"
@@ -75,7 +80,12 @@ def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port:
         # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
         left = max(0.5, min(10.0, deadline - time.monotonic()))
         answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))
-        status = session.call("service_host", control(layout, "status"))
+        status = session.call("service_host", control(layout, "status", instance))
+        if status.get("restarts"):
+            tail = " | ".join((status.get("log_tail") or [])[-3:])
+            why = (f"the service exited and the supervisor restarted it {status['restarts']} time(s) "
+                   f"(last: {status.get('last_exit')}); log: {tail}")
+            return GateResult(f"GET {health.path}", False, why, time.monotonic() - start)
         if answer.status == 200 and status.get("running"):
             return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
         if answer.status == 200:  # our server is gone: another process answers on its port

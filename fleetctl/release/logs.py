@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 from fleetctl.errors import HostError
+from fleetctl.release import instances
+from fleetctl.release.servers import current_names
 from fleetctl.release.service import control, layout_for
 from fleetctl.secrets import mask_values, secret_values
 from fleetctl.transport.base import CommandResult, HostSession
 
 
-def service_logs(session: HostSession, lines: int, since: str | None = None) -> CommandResult:
-    """The journal of the service's unit under systemd, else the supervisor's log (secrets masked)."""
+def service_logs(session: HostSession, lines: int, since: str | None = None,
+                 instance: str | None = None) -> CommandResult:
+    """The journal of each server's unit under systemd, else the supervisor's log (secrets masked); a
+    release with instances gives each one's lines under a ``==> NAME (source) <==`` header, or only
+    ``instance``'s."""
     layout = layout_for(session.vars)
-    answer = session.call("service_host", {**control(layout, "logs"), "lines": lines, "since": since})
-    if answer.get("exists") is False:
-        raise HostError(session.name, f"no server log at {answer['source']} (no release started here)")
-    text = "\n".join(answer.get("lines") or [])
-    text = mask_values(text, secret_values(session.vars))
-    return CommandResult(f"logs {answer.get('source')}", 0, text + ("\n" if text else ""), "")
+    names = instances.select(current_names(session, layout) or [None], instance, session.name)
+    parts, sources = [], []
+    for name in names:
+        answer = session.call("service_host", {**control(layout, "logs", name), "lines": lines, "since": since})
+        if answer.get("exists") is False:
+            raise HostError(session.name, f"no server log at {answer['source']} (no release started here)")
+        text = "\n".join(answer.get("lines") or [])
+        sources.append(str(answer.get("source")))
+        if len(names) > 1:
+            text = f"==> {instances.ServerInstance(name).label} ({answer.get('source')}) <==\n{text}"
+        parts.append(text)
+    text = mask_values("\n".join(parts), secret_values(session.vars))
+    return CommandResult(f"logs {', '.join(sources)}", 0, text + ("\n" if text else ""), "")

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import HostError
-from fleetctl.release.deploy import ReleaseRefused, host_lock, restart, switch
-from fleetctl.release.gates import GateResult, wait_healthy
+from fleetctl.release import instances, servers
+from fleetctl.release.deploy import ReleaseRefused, host_lock
+from fleetctl.release.gates import GateResult
+from fleetctl.release.servers import switch
 from fleetctl.release.service import control, layout_for
-from fleetctl.release.spec import Health
 from fleetctl.transport.base import HostSession
 
 
@@ -47,16 +48,18 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
                                                f"(has: {', '.join(known) or 'none'})")
         if target == state.get("current"):
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
+        before = instances.names_of(state.get("service"))
         switch(session, layout, target, "rollback", holder)
-        failed = restart(session, layout)
+        names = servers.current_names(session, layout)
+        servers.stop_gone(session, layout, before, names)
+        failed = servers.restart_all(session, layout, names)  # every instance of the target, in order
         if failed and state.get("current"):  # not serving the target: back where it was, as deploy does
             switch(session, layout, state["current"], f"restart failed for {target}", holder)
-            restart(session, layout)
+            servers.stop_gone(session, layout, names, before)
+            servers.restart_all(session, layout, before)
             raise HostError(session.name, f"restart failed: {failed}; switched back to {state['current']}")
-        service = session.call("release_host", {"op": "state", **layout.params()}).get("service") or {}
-        health = Health(path=str(service.get("health_path") or "/health"), timeout=timeout)
-        gate = wait_healthy(session, health, layout, int(service.get("port") or 30000))
-        return RollbackResult(session.name, "rolled-back", state.get("current"), target, [gate], broke_lock=broke)
+        gates = servers.healthy_all(session, layout, names, timeout)
+        return RollbackResult(session.name, "rolled-back", state.get("current"), target, gates, broke_lock=broke)
 
 
 @dataclass
@@ -65,10 +68,11 @@ class HostStatus:
     current: str | None
     previous: str | None
     releases: list[str]
-    service: dict[str, Any]
+    service: dict[str, Any]  # the first (or only) server's; every server's is in ``instances``
     health: str
     canary: dict[str, Any] | None = None  # the current release's warm-up numbers on this host
     argv: list[str] = field(default_factory=list)  # the launch command as rendered for this host (masked)
+    instances: list[dict[str, Any]] = field(default_factory=list)  # per server: name, running, health, restarts
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -76,23 +80,31 @@ class HostStatus:
 
 def status_host(session: HostSession, state: dict[str, Any] | None = None) -> HostStatus:
     """``state``: the host's ``release_host state`` answer when the caller already has it."""
-    from fleetctl.probes.http import HttpRequest, probe_http
+    from fleetctl.release import warmup
 
     layout = layout_for(session.vars)
     if state is None:
         state = session.call("release_host", {"op": "state", **layout.params()})
-    service = session.call("service_host", control(layout, "status"))
-    stored = state.get("service") or {}
-    health = "-"
-    if service.get("running"):
-        answer = probe_http(session, HttpRequest(str(stored.get("health_path") or "/health"),
-                                                 port=int(stored.get("port") or 30000), timeout=5))
-        health = str(answer.status) if answer.status else str(answer.error_kind)
-    service.pop("log_tail", None)
-    from fleetctl.release import warmup
+    servers_ = [server_status(session, layout, name) for name in instances.names_of(state.get("service")) or [None]]
+    first = servers_[0]
+    service = {k: v for k, v in first.items() if k not in ("argv", "health", "name")}
+    return HostStatus(session.name, state.get("current"), state.get("previous"), [r["id"] for r in state["releases"]],
+                      service, first["health"], warmup.load(session, layout, state.get("current")), first["argv"],
+                      servers_)
+
+
+def server_status(session: HostSession, layout: Any, name: str | None) -> dict[str, Any]:
+    """One server: running, its /health, the supervisor's restarts and last exit, its argv (masked)."""
+    from fleetctl.probes.http import HttpRequest, probe_http
     from fleetctl.secrets import mask_values, secret_values
 
+    answer = session.call("service_host", control(layout, "status", name))
+    health = "-"
+    if answer.get("running"):
+        got = probe_http(session, HttpRequest(str(answer.get("health_path") or "/health"),
+                                              port=int(answer.get("port") or 30000), timeout=5))
+        health = str(got.status) if got.status else str(got.error_kind)
     hidden = secret_values(session.vars)
-    argv = [mask_values(str(a), hidden) for a in stored.get("command") or []]
-    return HostStatus(session.name, state.get("current"), state.get("previous"), [r["id"] for r in state["releases"]],
-                      service, health, warmup.load(session, layout, state.get("current")), argv)
+    argv = [mask_values(str(a), hidden) for a in answer.pop("command", None) or []]
+    answer.pop("log_tail", None)
+    return dict(answer, name=instances.ServerInstance(name).label, health=health, argv=argv)

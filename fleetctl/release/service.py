@@ -13,11 +13,13 @@ from pathlib import Path
 
 from fleetctl import hostpaths
 from fleetctl.errors import InputError
+from fleetctl.release.instances import ServerInstance, merge_args
 from fleetctl.release.spec import ReleaseSpec
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 STANDIN = Path(__file__).resolve().parents[1] / "lab" / "fake_sglang.py"
 STANDIN_NAME = "sglang_standin.py"
+SUPERVISOR = Path(__file__).resolve().parents[1] / "remote" / "supervisor.py"
 
 
 @dataclass(frozen=True)
@@ -52,23 +54,37 @@ def layout_for(host_vars: dict[str, object]) -> HostLayout:
                       int(str(port)) if port else None, str(manager) if manager else None, host_vars)
 
 
-def launch_args(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
+def launch_args(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> list[str]:
     """The spec's ``service.args``, each a Jinja2 template rendered with this host's variables
-    (``--tp, "{{ tp_size }}"``): one spec, the same release id, per-host launch arguments."""
-    return [render_value(spec, f"service.args[{i}]", arg, layout.host_vars)
+    (``--tp, "{{ tp_size }}"``): one spec, the same release id, per-host launch arguments. An
+    instance's own args replace the service's flags of the same name and add the rest."""
+    base = [render_value(spec, f"service.args[{i}]", arg, render_vars(spec, layout))
             for i, arg in enumerate(spec.model.service.args)]
+    if inst is None or inst.name is None:
+        return base
+    own = [render_value(spec, f"service.instances.{inst.name}.args[{i}]", arg, render_vars(spec, layout))
+           for i, arg in enumerate(inst.args)]
+    return merge_args(base, own)
 
 
-def listen(spec: ReleaseSpec, layout: HostLayout) -> tuple[str, int]:
+def listen(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> tuple[str, int]:
+    """Where the server listens: an instance's own port, else the host var ``service_port``, else the spec's."""
     svc = spec.model.service
-    return layout.service_host or svc.host, layout.service_port or svc.port
+    if inst is not None and inst.name is not None:
+        raw, key = inst.port, f"service.instances.{inst.name}.port"
+    else:
+        raw, key = layout.service_port or svc.port, "service.port"
+    text = render_value(spec, key, str(raw), render_vars(spec, layout))
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise InputError(f"{spec.path}: {key}: {text!r} is not a port number")
+    return layout.service_host or svc.host, int(text)
 
 
-def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
+def command(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> list[str]:
     svc = spec.model.service
     python = f"{layout.current}/venv/bin/python"
-    host, port = listen(spec, layout)
-    args = launch_args(spec, layout)
+    host, port = listen(spec, layout, inst)
+    args = launch_args(spec, layout, inst)
     where = [] if {"--host", "--port"} & set(args) else ["--host", host, "--port", str(port)]
     if svc.standin:  # lab hosts have no GPU: fleetctl's stand-in answers SGLang's health surface
         return [python, f"{layout.current}/{STANDIN_NAME}", "--release-dir", layout.current, *where, "--", *args]
@@ -76,21 +92,32 @@ def command(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
 
 
 def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
-             host_vars: Mapping[str, object] | None = None) -> str:
+             host_vars: Mapping[str, object] | None = None, inst: ServerInstance | None = None) -> str:
     """systemd EnvironmentFile syntax; values are quoted so spaces and $ stay literal. A value may name
     the host's inventory variables (``HF_TOKEN: "{{ HF_TOKEN }}"``); the file is 0600 on the host, and
-    callers that show it pass vars with secrets masked."""
+    callers that show it pass vars with secrets masked. An instance adds its env and its GPUs."""
     svc = spec.model.service
-    env = {key: render_value(spec, f"service.env.{key}", value, host_vars) for key, value in svc.env.items()}
-    if svc.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = render_value(spec, "service.gpus", svc.gpus, host_vars)
+    values = dict(host_vars or {})
+    env = {key: render_value(spec, f"service.env.{key}", value, values) for key, value in svc.env.items()}
+    gpus, gpus_key = svc.gpus, "service.gpus"
+    if inst is not None and inst.name is not None:
+        env.update({key: render_value(spec, f"service.instances.{inst.name}.env.{key}", value, values)
+                    for key, value in inst.env.items()})
+        if inst.gpus is not None:
+            gpus, gpus_key = inst.gpus, f"service.instances.{inst.name}.gpus"
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = render_value(spec, gpus_key, gpus, values)
     env.update(extra or {})
-    lines = [f"# fleetctl release {spec.release_id}"]
+    lines = [f"# fleetctl release {spec.release_id}" + (f" instance {inst.name}" if inst and inst.name else "")]
     for key, value in sorted(env.items()):
         if not key.isidentifier():
             raise ValueError(f"service.env: {key!r} is not a variable name")
         lines.append(f"{key}={_quote(value)}")
     return "\n".join(lines) + "\n"
+
+
+def render_vars(spec: ReleaseSpec, layout: HostLayout) -> Mapping[str, object]:
+    return layout.host_vars
 
 
 def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
@@ -109,14 +136,15 @@ def _quote(value: str) -> str:
     return value if value and all(c.isalnum() or c in "._-/:,=@+" for c in value) else shlex.quote(value)
 
 
-def unit(spec: ReleaseSpec, layout: HostLayout) -> str:
+def unit(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> str:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
                       autoescape=False)
+    inst = inst or ServerInstance()
     return env.get_template("sglang.service.j2").render(
-        release_id=spec.release_id, env_file=f"{layout.current}/service.env",
-        command=[systemd_quote(c) for c in command(spec, layout)], workdir=layout.current,
+        release_id=spec.release_id, env_file=f"{layout.current}/{inst.env_name}", instance=inst.name,
+        command=[systemd_quote(c) for c in command(spec, layout, inst)], workdir=layout.current,
         stop_timeout=spec.model.service.stop_timeout, user=spec.model.service.user)
 
 
@@ -126,21 +154,30 @@ def systemd_quote(arg: str) -> str:
     return shlex.quote(arg).replace("%", "%%").replace("$", "$$")
 
 
-def stored_params(spec: ReleaseSpec, layout: HostLayout) -> dict[str, object]:
-    """Written into the release folder as ``service.json``; restarts read it from ``current``."""
-    svc = spec.model.service
-    return {"release_id": spec.release_id, "command": command(spec, layout),
-            "env_file": f"{layout.current}/service.env", "cwd": layout.current, "timeout": svc.stop_timeout,
-            "unit": unit(spec, layout), "host": listen(spec, layout)[0], "port": listen(spec, layout)[1],
-            "health_path": spec.model.health.path, "user": svc.user,
-            "manager": None if svc.manager == "auto" else svc.manager}
+def stored_params(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> dict[str, object]:
+    """Written into the release folder as ``service.json`` (an instance's: ``service.NAME.json``);
+    restarts read it from ``current``."""
+    svc, inst = spec.model.service, inst or ServerInstance()
+    health = inst.health or spec.model.health
+    host, port = listen(spec, layout, inst)
+    return {"release_id": spec.release_id, "command": command(spec, layout, inst), "instance": inst.name,
+            "env_file": f"{layout.current}/{inst.env_name}", "cwd": layout.current, "timeout": svc.stop_timeout,
+            "unit": unit(spec, layout, inst), "host": host, "port": port, "health_path": health.path,
+            "user": svc.user, "manager": None if svc.manager == "auto" else svc.manager}
 
 
-def control(layout: HostLayout, op: str) -> dict[str, object]:
+def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[str, object]:
     """Params for ``remote/service_host.py``: start/restart take the rest from current's service.json
-    (which also holds the spec's ``service.manager``); the host var ``service_manager`` wins."""
-    return {"op": op, "name": "sglang", "state_dir": layout.state_dir, "manager": layout.service_manager,
-            "params_file": f"{layout.current}/service.json"}
+    (an instance's service.NAME.json; it also holds the spec's ``service.manager``); the host var
+    ``service_manager`` wins. Start and restart carry the supervisor's source (it is kept on the
+    host, so a server comes back after a reboot)."""
+    inst = ServerInstance(instance)
+    params: dict[str, object] = {"op": op, "name": inst.unit_name, "state_dir": layout.state_dir,
+                                 "manager": layout.service_manager,
+                                 "params_file": f"{layout.current}/{inst.params_name}"}
+    if op in ("start", "restart"):
+        params["supervisor_source"] = SUPERVISOR.read_text(encoding="utf-8")
+    return params
 
 
 # The stand-in's own knobs (fleetctl/lab/fake_sglang.py, add_standin_flags): all take a value but this one.

@@ -55,42 +55,6 @@ class PatchRef(_Strict):
         return self
 
 
-class Service(_Strict):
-    module: str = "sglang.launch_server"
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    host: str = "127.0.0.1"
-    port: int = Field(default=30000, ge=1, le=65535)
-    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
-    manager: Literal["auto", "systemd", "process"] = "auto"
-    stop_timeout: float = Field(default=30.0, gt=0)
-    standin: bool = False  # lab only: run fleetctl's stand-in SGLang server instead of the real one
-    # The service runs as this user (systemd User=, the supervisor drops privileges); None: the SSH user.
-    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*[$]?$", max_length=32)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_valid(cls, value: dict[str, str]) -> dict[str, str]:
-        from jinja2 import Environment, TemplateSyntaxError
-
-        for key, text in value.items():
-            if not key.isidentifier():
-                raise ValueError(f"{key!r} is not an environment variable name")
-            if "{{" in text or "{%" in text:
-                try:
-                    Environment().parse(text)
-                except TemplateSyntaxError as exc:
-                    raise ValueError(f"{key}: template error: {exc.message}") from None
-        return value
-
-
 class ProbeGate(_Strict):
     symbol: str | None = None
     import_: str | None = Field(default=None, alias="import")
@@ -145,6 +109,114 @@ class Health(_Strict):
         if self.canary is not None and self.warmup is None:
             raise ValueError("canary compares the warm-up's numbers: give health.warmup too")
         return self
+
+
+def _check_template(key: str, text: str) -> None:
+    from jinja2 import Environment, TemplateSyntaxError
+
+    if "{{" in text or "{%" in text:
+        try:
+            Environment().parse(text)
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"{key}: template error: {exc.message}") from None
+
+
+def _port(value: Any) -> Any:
+    """A port number, or a template of host variables (``"{{ base_port + 1 }}"``) rendered per host."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return value  # pydantic names the type error
+    if isinstance(value, str) and not value.strip().isdigit():
+        _check_template("port", value)
+        return value
+    port = int(value)
+    if port > 65535:
+        raise ValueError("Input should be less than or equal to 65535")
+    if port < 1:
+        raise ValueError("Input should be greater than or equal to 1")
+    return port
+
+
+class Instance(_Strict):
+    """One of several servers of a release on each host (``tp4-a`` on GPUs 0-3, ``tp4-b`` on 4-7): its own
+    unit ``sglang@NAME`` (or supervisor pidfile), port, GPUs, args (a flag given here replaces the
+    service's same flag, the rest are added) and env; ``health`` replaces the spec's gates for it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+    port: int | str
+    gpus: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    health: Health | None = None
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port_valid(cls, value: Any) -> Any:
+        return _port(value)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return {k: str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("env")
+    @classmethod
+    def _env_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        return _valid_env(value)
+
+
+class Service(_Strict):
+    module: str = "sglang.launch_server"
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | str = 30000
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
+    manager: Literal["auto", "systemd", "process"] = "auto"
+    stop_timeout: float = Field(default=30.0, gt=0)
+    standin: bool = False  # lab only: run fleetctl's stand-in SGLang server instead of the real one
+    # The service runs as this user (systemd User=, the supervisor drops privileges); None: the SSH user.
+    user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*[$]?$", max_length=32)
+    instances: list[Instance] = Field(default_factory=list)
+    # Multi-node servers: the inventory variable whose value names a host's node group; its hosts in
+    # inventory order get node_rank, nnodes and dist_init_addr (the group's first host).
+    node_group: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port_valid(cls, value: Any) -> Any:
+        return _port(value)
+
+    @model_validator(mode="after")
+    def _instances_distinct(self) -> Service:
+        names = [i.name for i in self.instances]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"instances: name {twice[0]!r} given twice")
+        ports = [i.port for i in self.instances if isinstance(i.port, int)]
+        same = sorted({p for p in ports if ports.count(p) > 1})
+        if same:
+            raise ValueError(f"instances: port {same[0]} given twice")
+        return self
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: v if isinstance(v, str) else str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        return _valid_env(value)
+
+
+def _valid_env(value: dict[str, str]) -> dict[str, str]:
+    for key, text in value.items():
+        if not key.isidentifier():
+            raise ValueError(f"{key!r} is not an environment variable name")
+        _check_template(key, text)
+    return value
 
 
 class Kernels(_Strict):

@@ -45,14 +45,18 @@ def describe(m: dict[str, Any]) -> str:
     return f"{m['requests']} requests, {m['tokens']} tokens: {accept}, {tps}"
 
 
-def save(session: HostSession, layout: HostLayout, release_id: str, measured: dict[str, Any]) -> None:
-    session.call(MODULE, {"op": "save", "release_dir": release_dir(layout, release_id), "measurement": measured})
+def save(session: HostSession, layout: HostLayout, release_id: str, measured: dict[str, Any],
+         instance: str | None = None) -> None:
+    session.call(MODULE, {"op": "save", "release_dir": release_dir(layout, release_id), "measurement": measured,
+                          **({"instance": instance} if instance else {})})
 
 
-def load(session: HostSession, layout: HostLayout, release_id: str | None) -> dict[str, Any] | None:
+def load(session: HostSession, layout: HostLayout, release_id: str | None,
+         instance: str | None = None) -> dict[str, Any] | None:
     if not release_id:
         return None
-    found = session.call(MODULE, {"op": "load", "release_dir": release_dir(layout, release_id)})
+    found = session.call(MODULE, {"op": "load", "release_dir": release_dir(layout, release_id),
+                                  **({"instance": instance} if instance else {})})
     return found.get("measurement") if found.get("found") else None
 
 

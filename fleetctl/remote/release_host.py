@@ -1,4 +1,5 @@
 # fleetctl-include: relocate
+# fleetctl-include: host_files
 # fleetctl-include: writable
 # fleetctl-include: release_bases
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
@@ -306,29 +307,6 @@ def op_build(params):
                            "was removed, nothing switched" % (rels, where, params["release_id"]))
         raise
     return dict(stats, built=True, path=final, seconds=round(time.time() - started, 2))
-
-
-def write_host_files(folder, params):
-    """The service's files in a release folder: service.json, the stand-in, service.env (0600)."""
-    for name, text in (params.get("extra_files") or {}).items():
-        atomic_write(safe_join(folder, name), text.encode("utf-8"), 0o644)
-    env = os.path.join(folder, "service.env")
-    atomic_write(env, (params.get("env_file") or "").encode("utf-8"), 0o600)
-    share_with_service_user(env, params.get("service_user"))
-
-
-def share_with_service_user(path, user):
-    """service.env readable by the service's own user (spec service.user): root:<its group> 0640.
-    A user running the service as itself keeps it 0600, its own."""
-    if not user:
-        return
-    import pwd
-
-    entry = pwd.getpwnam(user)
-    if entry.pw_uid == os.geteuid():
-        return
-    os.chown(path, 0, entry.pw_gid)
-    os.chmod(path, 0o640)
 
 
 def write_kernel_files(folder, files):

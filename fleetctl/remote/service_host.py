@@ -1,20 +1,27 @@
 # fleetctl-include: writable
-"""The inference service on one host: a systemd unit, or a built-in process supervisor.
+# fleetctl-include: supervisor
+# fleetctl-include: systemd_units
+"""The inference service on one host: a systemd unit, or fleetctl's built-in supervisor.
 
-Stdlib only, Python >= 3.8; runs inside the agent. The supervisor (hosts without systemd:
-containers, the lab) starts the command in its own session (setsid) with a pidfile and a log
-file, and stops it with TERM, then KILL after a timeout; a pid is only signalled when
-/proc/<pid>/cmdline still shows the command we started (pids get reused).
+Stdlib only, Python >= 3.8; runs inside the agent. Without systemd (containers, the lab) a start
+runs ``supervisor.py`` (kept on the host) in its own session: it starts the server, restarts it
+with backoff when it exits, and counts that; a boot entry (BOOT_DIR/NAME, default
+/etc/fleetctl/boot.d) starts it again after a reboot. A stop ends the supervisor, then the server
+with TERM, then KILL after a timeout; a pid is only signalled when /proc/<pid>/cmdline still shows
+the command we started (pids get reused).
 
-params common to all ops: name (service name), state_dir, manager ("systemd" | "process")
-  start/restart: command (argv list), env_file (KEY=VALUE lines), cwd, unit (systemd unit text)
+params common to all ops: name (``sglang`` or ``sglang@INSTANCE``), state_dir, manager ("systemd" | "process")
+  start/restart: command (argv list), env_file (KEY=VALUE lines), cwd, unit (systemd unit text),
+                 supervisor_source, boot_dir
   stop: timeout
 """
 
 import errno
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 
@@ -68,57 +75,33 @@ def paths(params, create=False):
     return os.path.join(folder, name + ".pid"), os.path.join(folder, name + ".log")
 
 
-def unquote(value):
-    """A value as systemd's EnvironmentFile reads it: shell-style quotes removed, nothing expanded."""
-    import shlex
-
-    try:
-        return " ".join(shlex.split(value, comments=False, posix=True))
-    except ValueError:
-        return value
+def supervisor_files(params):
+    """The supervisor's config, its pidfile and its state (restarts, last exit) for this service."""
+    base = os.path.join(service_dir(params), params.get("name") or "sglang")
+    return base + ".supervisor.json", base + ".supervisor.pid", base + ".state.json"
 
 
-def read_env(path):
-    env = {}
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            for line in handle:
-                line = line.strip()
-                if line and not line.startswith("#") and "=" in line:
-                    key, _, value = line.partition("=")
-                    env[key.strip()] = unquote(value)
-    except (IOError, OSError):
-        pass
-    return env
-
-
-def alive(pid, marker):
-    """Running, not a zombie, and still the process we started (its cmdline holds ``marker``)."""
-    try:
-        with open("/proc/%d/stat" % pid, "r") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return False
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return marker.encode() in handle.read()
-    except (IOError, OSError, IndexError):
-        return False
-
-
-def read_pid(pidfile):
-    try:
-        with open(pidfile, "r") as handle:
-            pid, _, marker = handle.read().partition("\n")
-        return int(pid), marker.strip()
-    except (IOError, OSError, ValueError):
-        return None, ""
+def boot_entry(params):
+    return os.path.join(params.get("boot_dir") or "/etc/fleetctl/boot.d", params.get("name") or "sglang")
 
 
 def status(params):
     pidfile, log = paths(params)
     pid, marker = read_pid(pidfile)
     running = bool(pid) and alive(pid, marker)
-    return {"manager": "process", "running": running, "pid": pid if running else None, "log": log,
-            "log_tail": tail(log)}
+    config, sup_pidfile, state_file = supervisor_files(params)
+    sup_pid, sup_marker = read_pid(sup_pidfile)
+    state = read_json_file(state_file) or {}
+    return dict(stored_fields(params), manager="process", running=running, pid=pid if running else None, log=log,
+                log_tail=tail(log), supervised=bool(sup_pid) and alive(sup_pid, sup_marker),
+                restarts=int(state.get("restarts") or 0), last_exit=state.get("last_exit_text"),
+                enabled=os.path.exists(boot_entry(params)))
+
+
+def stored_fields(params):
+    """What the release recorded for this server (its port, health path, argv), for status and gates."""
+    return {k: params.get(k) for k in ("release_id", "instance", "port", "health_path", "command")
+            if params.get(k) is not None}
 
 
 def tail(path, lines=15):
@@ -151,34 +134,54 @@ def logs(params, manager):
 def start(params):
     pidfile, log = paths(params, create=True)
     current = status(params)
-    if current["running"]:
+    if current["running"] and current["supervised"]:
         return dict(current, started=False)
-    env = dict(os.environ)
-    env.update(read_env(params.get("env_file") or ""))
-    command = [str(c) for c in params["command"]]
-    drop = privileges_of(params.get("user"))
-    if drop:
-        env.update(HOME=drop[3], USER=params["user"], LOGNAME=params["user"])
-    try:
-        with open(log, "ab") as out:
-            out.write(("\n--- %s start: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(command))).encode())
-            out.flush()
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=params.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
-                                    preexec_fn=become_user(drop) if drop else None)
+    if current["supervised"] or current["running"]:
+        stop(params)  # a server without its supervisor, or a supervisor waiting out a backoff
+    privileges_of(params.get("user"))  # refused here (one line) before anything starts
+    config, sup_pidfile, state_file = supervisor_files(params)
+    script = os.path.join(service_dir(params), "supervisor.py")
+    try:  # each file written whole or not at all; a full state folder is one line, nothing started
+        if params.get("supervisor_source"):
+            write_file(script, params["supervisor_source"])
+        write_file(config, json.dumps({
+            "command": [str(c) for c in params["command"]], "env_file": params.get("env_file") or "",
+            "cwd": params.get("cwd") or "/", "user": params.get("user"), "log": log, "pidfile": pidfile,
+            "supervisor_pidfile": sup_pidfile, "state_file": state_file}), 0o600)
+        write_file(state_file, json.dumps({"restarts": 0}))
     except (IOError, OSError) as exc:
-        raise_if_full(exc, log)
+        raise_if_full(exc, config)
         raise
-    marker = command[0]
-    try:
-        write_pidfile(pidfile, "%d\n%s\n" % (proc.pid, marker))
-    except BaseException as exc:
-        # A service nobody can find by its pidfile would run on untracked: end it, say why.
-        signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise_if_full(exc, pidfile)
-        raise
-    return {"manager": "process", "running": True, "pid": proc.pid, "started": True, "log": log}
+    if os.path.exists(pidfile):
+        os.unlink(pidfile)
+    argv = [sys.executable, script, config]
+    with open(log, "ab") as out:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/",
+                         start_new_session=True, close_fds=True)
+    enabled = enable_at_boot(params, argv)
+    deadline = time.time() + 15
+    pid = None
+    while time.time() < deadline:  # the supervisor has started the server (the gates judge it)
+        pid, marker = read_pid(pidfile)
+        if pid:
+            break
+        time.sleep(0.02)
+    running = bool(pid) and alive(pid, marker)
+    return {"manager": "process", "running": running, "pid": pid, "started": True, "log": log, "enabled": enabled}
+
+
+def enable_at_boot(params, argv):
+    """BOOT_DIR/NAME: a shell script the host's boot runs (the lab's init does; on a host without
+    systemd, hook the folder into its init). Not written where this user may not: then False."""
+    import shlex
+
+    entry = boot_entry(params)
+    if not can_write(entry):
+        return False
+    os.makedirs(os.path.dirname(entry), exist_ok=True)
+    write_file(entry, "#!/bin/sh\n# fleetctl: starts the %s server's supervisor at boot\nexec %s\n"
+               % (params.get("name") or "sglang", " ".join(shlex.quote(a) for a in argv)), 0o755)
+    return True
 
 
 class DiskFull(Exception):
@@ -189,19 +192,6 @@ def raise_if_full(exc, path):
     if isinstance(exc, (IOError, OSError)) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         raise DiskFull("no space left on device in %s (writing %s); the service was not started"
                        % (os.path.dirname(path), os.path.basename(path)))
-
-
-def write_pidfile(path, text):
-    """Written whole under a temporary name, then renamed: never an empty or cut pidfile."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def privileges_of(user):
@@ -223,17 +213,8 @@ def privileges_of(user):
     return entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir
 
 
-def become_user(drop):
-    uid, gid, name, _home = drop
-
-    def demote():  # in the child, before exec: groups, then gid, then uid (after which none can change)
-        os.initgroups(name, gid)
-        os.setgid(gid)
-        os.setuid(uid)
-    return demote
-
-
 def stop(params):
+    stop_supervisor(params)  # first: it would start the server again
     pidfile, _log = paths(params)
     pid, marker = read_pid(pidfile)
     if not pid or not alive(pid, marker):
@@ -252,6 +233,24 @@ def stop(params):
                 break
             time.sleep(0.05)
     return {"manager": "process", "stopped": True, "killed": killed, "running": alive(pid, marker)}
+
+
+def stop_supervisor(params):
+    _config, sup_pidfile, _state = supervisor_files(params)
+    pid, marker = read_pid(sup_pidfile)
+    if not pid or not alive(pid, marker):
+        return
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline and alive(pid, marker):
+            reap(pid)
+            time.sleep(0.02)
+        if not alive(pid, marker):
+            return
 
 
 def signal_group(pid, sig):
@@ -276,30 +275,6 @@ def restart(params):
     stopped = stop(params)
     started = start(params)
     return dict(started, stopped=stopped.get("stopped", False), killed=stopped.get("killed", False))
-
-
-SYSTEMD_UNITS = "/etc/systemd/system"
-
-
-def systemd(op, params):
-    unit = (params.get("name") or "sglang") + ".service"
-    if op != "status" and os.geteuid() != 0:  # systemctl on a system unit needs root
-        if op in ("start", "restart") and params.get("unit"):
-            require_writable([[os.path.join(SYSTEMD_UNITS, unit), "systemd unit", None]])
-        raise NotPermitted("cannot %s %s as %s (systemctl needs root): run with --become (-b)"
-                           % (op, unit, login_name()))
-    if op in ("start", "restart") and params.get("unit"):
-        path = os.path.join(SYSTEMD_UNITS, unit)
-        with open(path + ".tmp", "w") as handle:
-            handle.write(params["unit"])
-        os.rename(path + ".tmp", path)
-        run(["systemctl", "daemon-reload"])
-        run(["systemctl", "enable", unit])  # comes back after a reboot (the unit's [Install] section)
-    if op == "status":
-        proc = run(["systemctl", "is-active", unit], check=False)
-        return {"manager": "systemd", "running": proc.stdout.strip() == "active", "state": proc.stdout.strip()}
-    run(["systemctl", op, unit])
-    return {"manager": "systemd", "running": op != "stop"}
 
 
 def run(argv, check=True):

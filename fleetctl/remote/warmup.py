@@ -49,7 +49,8 @@ def measure(params):
 
 
 def record_path(params):
-    return os.path.join(params["release_dir"], "canary.json")
+    name = params.get("instance")  # each instance of a release keeps its own measurement
+    return os.path.join(params["release_dir"], "canary.%s.json" % name if name else "canary.json")
 
 
 def save(params):

@@ -17,21 +17,28 @@ class ServiceArgs(Args):
 
 @module("service", ServiceArgs, free_form="state")
 def service(mc: ModuleContext, args: ServiceArgs) -> TaskResult:
-    """The inference service of the current release (systemd unit or fleetctl's supervisor)."""
+    """The inference servers of the current release (systemd units or fleetctl's supervisor), every
+    instance of a release that has several, in order."""
+    from fleetctl.release.servers import current_names
     from fleetctl.release.service import control, layout_for
 
     layout = layout_for(mc.session.vars)
-    status = mc.session.call("service_host", control(layout, "status"))
-    running = bool(status.get("running"))
-    data = {"running": running, "manager": status.get("manager")}
-    op = {"started": None if running else "start", "stopped": "stop" if running else None,
-          "restarted": "restart", "status": None}[args.state]
-    if op is None:
-        return TaskResult(msg="running" if running else "stopped", data=data)
+    names = current_names(mc.session, layout) or [None]
+    running = {n: bool(mc.session.call("service_host", control(layout, "status", n)).get("running")) for n in names}
+    data = {"running": all(running.values()), "manager": None}
+    wanted = {n: {"started": None if running[n] else "start", "stopped": "stop" if running[n] else None,
+                  "restarted": "restart", "status": None}[args.state] for n in names}
+    todo = [(n, op_) for n, op_ in wanted.items() if op_ is not None]
+    if not todo:
+        return TaskResult(msg="running" if data["running"] else "stopped", data=data)
+    op = todo[0][1]
     if mc.check:
         return TaskResult(changed=True, msg=f"would {op}", data=data)
-    answer = mc.session.call("service_host", control(layout, op))
-    data["running"] = bool(answer.get("running"))
+    for name, each in todo:
+        answer = mc.session.call("service_host", control(layout, each, name))
+        running[name] = bool(answer.get("running"))
+        data["manager"] = answer.get("manager")
+    data["running"] = all(running.values())
     return TaskResult(changed=True, msg=f"{op}ed" if op != "stop" else "stopped", data=data)
 
 

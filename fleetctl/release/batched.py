@@ -1,0 +1,94 @@
+"""Commands run host by host in batches with a failure budget: ``deploy``/``rollback --serial`` and
+``fleetctl service``. One code path with playbooks: the batches and the budgets are
+``playbook/rollout.py``'s (``batches``, ``Budget``), so ``--serial 1 --serial 50%`` means exactly
+what ``serial: [1, "50%"]`` means in a play, and a grouping variable keeps a multi-node server's
+hosts in one batch. Every batch and host start and end is an event in a run journal under
+``.fleetctl/runs/`` beside the inventory (``fleetctl runs list|show``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fleetctl.playbook import rollout
+from fleetctl.playbook.journal import Journal, runs_dir
+from fleetctl.secrets import Redactor
+from fleetctl.transport.base import HostResult, Status
+from fleetctl.transport.fleet import Fleet, HostContext
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What ``--serial``, ``--max-fail-percentage``, ``--max-failures`` and ``--group-by`` asked for."""
+
+    serial: tuple[int | str, ...] = ()
+    budget: rollout.Budget = field(default_factory=rollout.Budget)
+    group_var: str | None = None
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.serial)
+
+
+@dataclass
+class BatchedRun:
+    results: dict[str, HostResult[Any]]
+    plan: list[list[str]]
+    halted: str | None = None  # why the rollout stopped before its last batch
+    skipped: list[str] = field(default_factory=list)  # hosts of batches never started
+    journal: str | None = None
+
+
+def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, command: str,
+                ok: Callable[[HostResult[T]], bool], inventory_folder: Path) -> BatchedRun:
+    """``fn`` on every host, batch after batch; stops when the budget is exceeded (the hosts of the
+    batches not started are left out of ``results`` and listed in ``skipped``)."""
+    names = sorted(fleet.contexts)
+    plan = rollout.batches(names, list(how.serial) or None, rollout.group_of(fleet, how.group_var))
+    journal = Journal.create(runs_dir(inventory_folder), Path(command.split()[1] if " " in command else command),
+                             Redactor.for_hosts(ctx.vars for ctx in fleet.contexts.values()))
+    journal.event("run_start", playbook=command, check=False, hosts=names, serial=list(how.serial))
+    run = BatchedRun({}, plan, journal=str(journal.path))
+    failed_total = 0
+    try:
+        for b, batch in enumerate(plan):
+            journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
+            results = fleet.map(lambda ctx: _journaled(journal, ctx, fn), names=batch)
+            failed = [h for h in batch if not ok(results[h])]
+            for host in batch:
+                res = results[host]
+                journal.event("host_done", play=0, host=host, status="ok" if ok(res) else "failed",
+                              msg=res.reason or "")
+            run.results.update(results)
+            failed_total += len(failed)
+            why = how.budget.exceeded(len(failed), len(batch), failed_total)
+            if why and b + 1 < len(plan):
+                run.halted = f"{why}: stopped after batch {b + 1} of {len(plan)}"
+                run.skipped = [h for rest in plan[b + 1:] for h in rest]
+                journal.event("halted", play=0, batch=b + 1, why=run.halted, skipped=run.skipped)
+                break
+    finally:
+        recap = {h: {"ok": int(ok(r)), "failed": int(not ok(r))} for h, r in run.results.items()}
+        status = "halted" if run.halted else ("ok" if all(ok(r) for r in run.results.values()) else "failed")
+        journal.event("run_end", status=status, recap=recap)
+        journal.close()
+    return run
+
+
+def _journaled(journal: Journal, ctx: HostContext, fn: Callable[[HostContext], T]) -> T:
+    journal.event("task_start", play=0, host=ctx.name, name="host", started=time.time())
+    return fn(ctx)
+
+
+def skipped_results(run: BatchedRun) -> dict[str, HostResult[Any]]:
+    """Every host in plan order: the ones a halt left out as failed with the halt's reason."""
+    out: dict[str, HostResult[Any]] = {}
+    for host in (h for batch in run.plan for h in batch):
+        out[host] = run.results.get(host) or HostResult(host, Status.FAILED, reason=f"not started: {run.halted}")
+    return out

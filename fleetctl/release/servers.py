@@ -1,0 +1,76 @@
+"""The servers of ``current`` on one host: switch, restart each instance in order, stop the ones the
+new release no longer runs, and their health.
+
+``current`` switches once for the whole host; then the instances restart one after the other, so
+a two-instance host never has both down at once unless both fail. Which instances a release runs
+is read from its ``service.json`` on the host (``release/instances.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetctl.errors import RemoteOperationError
+from fleetctl.release import instances
+from fleetctl.release.gates import GateResult, wait_healthy
+from fleetctl.release.service import HostLayout, control
+from fleetctl.release.spec import Health
+from fleetctl.transport.base import HostSession
+
+
+def switch(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> None:
+    session.call("release_host", {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
+                                  "who": f"{holder['user']}@{holder['controller']}"})
+
+
+def current_names(session: HostSession, layout: HostLayout) -> list[str | None]:
+    """The instances the release ``current`` points at runs (``[]``: no release)."""
+    state = session.call("release_host", {"op": "state", **layout.params()})
+    return instances.names_of(state.get("service"))
+
+
+def restart(session: HostSession, layout: HostLayout, instance: str | None = None) -> str | None:
+    """Restart one server of ``current``; why it failed (the host's own line), or None. A lost host
+    or agent is not caught: nothing could be switched back there."""
+    try:
+        session.call("service_host", control(layout, "restart", instance))
+    except RemoteOperationError as exc:
+        return exc.reason
+    return None
+
+
+def stop(session: HostSession, layout: HostLayout, instance: str | None = None) -> None:
+    session.call("service_host", control(layout, "stop", instance))
+
+
+def stop_gone(session: HostSession, layout: HostLayout, before: list[str | None], after: list[str | None]) -> None:
+    """Stop the servers of the release switched away from that the new one does not run."""
+    for name in before:
+        if name not in after:
+            stop(session, layout, name)
+
+
+def running(session: HostSession, layout: HostLayout, names: list[str | None]) -> bool:
+    return bool(names) and all(session.call("service_host", control(layout, "status", n)).get("running")
+                               for n in names)
+
+
+def restart_all(session: HostSession, layout: HostLayout, names: list[str | None]) -> str | None:
+    """Restart every server in order; the first failure (``instance: why``), or None."""
+    for name in names:
+        failed = restart(session, layout, name)
+        if failed:
+            return f"{name}: {failed}" if name else failed
+    return None
+
+
+def healthy_all(session: HostSession, layout: HostLayout, names: list[str | None], timeout: float,
+                health_path: str | None = None) -> list[GateResult]:
+    """``/health`` of every server of ``current``, each on the port its release recorded."""
+    gates = []
+    for name in names:
+        stored = session.call("service_host", control(layout, "status", name))
+        health = Health(path=health_path or str(stored.get("health_path") or "/health"), timeout=timeout)
+        gate = wait_healthy(session, health, layout, int(stored.get("port") or 30000), name)
+        gates.append(gate if not name else GateResult(f"{name}: {gate.name}", gate.ok, gate.detail, gate.seconds))
+    return gates

@@ -1,0 +1,81 @@
+"""``fleetctl service status|start|stop|restart [INSTANCE]``: the servers of ``current`` on each host.
+
+A start or restart waits for each server's ``/health`` (on the port its release recorded), so a
+server that does not come back fails its host, and with ``--serial`` stops the rollout the way a
+failed deploy does. Changing ops hold the host's deploy lock (a deploy never races a restart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.errors import HostError
+from fleetctl.release import instances, servers
+from fleetctl.release.deploy import host_lock
+from fleetctl.release.gates import GateResult
+from fleetctl.release.manage import server_status
+from fleetctl.release.service import control, layout_for
+from fleetctl.transport.base import HostSession
+
+OPS = ("status", "start", "stop", "restart")
+
+
+@dataclass
+class ServiceResult:
+    host: str
+    op: str
+    current: str | None
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    gates: list[GateResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(g.ok for g in self.gates)
+
+    def failed_gate(self) -> GateResult | None:
+        return next((g for g in self.gates if not g.ok), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "op": self.op, "current": self.current, "servers": self.servers,
+                "gates": [g.to_dict() for g in self.gates]}
+
+
+def service_host(session: HostSession, op: str, instance: str | None, holder: dict[str, Any],
+                 timeout: float = 300.0) -> ServiceResult:
+    layout = layout_for(session.vars)
+    state = session.call("release_host", {"op": "state", **layout.params()})
+    names = instances.names_of(state.get("service"))
+    if not names and op != "status":
+        raise HostError(session.name, "no release on this host: nothing to " + op)
+    chosen = instances.select(names or [None], instance, session.name)
+    result = ServiceResult(session.name, op, state.get("current"))
+    if op == "status":
+        result.servers = [server_status(session, layout, n) for n in chosen]
+        return result
+    with host_lock(session, layout, holder):
+        for name in chosen:
+            if op == "start" and session.call("service_host", control(layout, "status", name)).get("running"):
+                continue  # already serving: a start changes nothing
+            if op == "stop":
+                servers.stop(session, layout, name)
+                continue
+            failed = servers.restart(session, layout, name) if op == "restart" else _start(session, layout, name)
+            if failed:
+                result.gates.append(GateResult(f"{instances.ServerInstance(name).label}: {op}", False, failed))
+                break
+            result.gates += servers.healthy_all(session, layout, [name], timeout)
+            if not result.gates[-1].ok:
+                break
+    result.servers = [server_status(session, layout, n) for n in chosen]
+    return result
+
+
+def _start(session: HostSession, layout: Any, name: str | None) -> str | None:
+    from fleetctl.errors import RemoteOperationError
+
+    try:
+        session.call("service_host", control(layout, "start", name))
+    except RemoteOperationError as exc:
+        return exc.reason
+    return None
