@@ -196,7 +196,7 @@ def fill_state_dir(lab: LabHandle, host: str, pages_left: int) -> None:
 
 def unmount_state_dir(lab: LabHandle, host: str) -> None:
     """Back to the host's own state folder: the service started on the tmpfs keeps its log open there,
-    so it is stopped first (the test's own clean-up, by its pidfile)."""
-    lab.ssh(host, f"f={STATE}/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-                  f"sleep 0.2; umount {STATE}", check=False)
+    so its supervisor, then the server, are stopped first (the test's own clean-up, by their pidfiles)."""
+    lab.ssh(host, f"for f in {STATE}/service/*.supervisor.pid {STATE}/service/*.pid; do "
+                  f"[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; sleep 0.2; umount {STATE}", check=False)
     assert lab.ssh(host, f"findmnt -n -t tmpfs {STATE}; true").stdout.strip() == ""
