@@ -1,7 +1,7 @@
 """A host rebooted between staging and switching: `deploy --stage` builds and verifies the release,
 the host restarts (its namespace and every process in it, the running service too, end; its disks
-stay), then `deploy` switches to the staged build, or rebuilds it, and never leaves the host
-half-switched."""
+stay; the supervisor's boot entry brings the old release's server back), then `deploy` switches to
+the staged build, or rebuilds it, and never leaves the host half-switched."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_support import run_cli
 from lab_support import LabHandle, process_gone
-from reliability_support import assert_whole, fault_happened, release_state, tiny_releases
+from reliability_support import assert_whole, fault_happened, release_state, tiny_releases, wait_until
 
 from fleetctl.release.spec import load_spec
 
@@ -33,7 +33,11 @@ def test_a_host_rebooted_between_staging_and_switching_switches_whole(
     lab.stop("lab1")
     fault_happened(process_gone(sshd) and process_gone(service), f"lab1's sshd {sshd} and service {service} ended")
     lab.start("lab1")
-    fault_happened(release_state(lab, "lab1")["service_pid"] is None, "lab1 came back with no service running")
+    # the supervisor's boot entry brings the old release's server back (a new process): still old
+    back_pid = wait_until(lambda: (release_state(lab, "lab1")["service_pid"] or 0) not in (0, service) and
+                          release_state(lab, "lab1")["service_pid"], "lab1's server back after the restart")
+    fault_happened(back_pid != service, f"lab1's server is a new process after the restart ({service} -> {back_pid})")
+    assert_whole(lab, "lab1", old)
     r = run_cli(capsys, "-i", inv, "deploy", str(second), "--json")
     assert r.rc == 0, r.out + r.err
     for host in lab.hosts:
