@@ -37,7 +37,8 @@ the args are parsed by it, so an unknown flag stops the stand-in exactly as it s
 ``--speculative-algorithm`` is checked against the members of ``SpeculativeAlgorithm`` parsed (not
 imported) from the installed ``spec_info.py``, and /server_info says which check ran. The version
 is the installed sglang's. For tests, the launch args may also carry ``--standin-health-status
-503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S`` and
+503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S``,
+``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading) and
 ``--standin-health-hang``.
 """
 
@@ -252,6 +253,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-tps", type=float, default=400.0, help="decode tokens per second of one request")
     p.add_argument("--enable-metrics", action="store_true", help="serve /metrics (as SGLang's flag)")
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds /health answers 503 after start")
+    p.add_argument("--bind-delay", type=float, default=0.0,
+                   help="seconds before the port is bound (SGLang loads the model before it listens)")
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
     p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
     p.add_argument("--old-api", action="store_true", help="only /get_server_info and /get_model_info")
@@ -264,6 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve(opts: argparse.Namespace, ready: threading.Event | None = None) -> None:
     """Serve until interrupted; ``ready`` (a threading.Event) is set once the port is bound."""
+    if opts.bind_delay > 0:
+        time.sleep(opts.bind_delay)
     httpd = ThreadingHTTPServer((opts.host, opts.port), make_handler(opts))
     httpd.daemon_threads = True
     if ready is not None:
@@ -307,6 +312,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
+    opts.bind_delay = args.standin_bind_delay
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
@@ -320,6 +326,7 @@ def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> N
     p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
     p.add_argument("--standin-decode-tps", type=float, default=opts.decode_tps)
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
+    p.add_argument("--standin-bind-delay", type=float, default=opts.bind_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
 
 

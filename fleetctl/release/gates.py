@@ -86,14 +86,19 @@ def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port:
             why = (f"the service exited and the supervisor restarted it {status['restarts']} time(s) "
                    f"(last: {status.get('last_exit')}); log: {tail}")
             return GateResult(f"GET {health.path}", False, why, time.monotonic() - start)
-        if answer.status == 200 and status.get("running"):
+        # A 200 counts only from our own server: while it still loads (real SGLang binds its port
+        # after loading the model), another process on the port must not make it look healthy.
+        # (`listens` is None where the host cannot tell: systemd's server, or fds this user cannot read.)
+        foreign = answer.status == 200 and status.get("running") and status.get("listens") is False
+        if answer.status == 200 and status.get("running") and not foreign:
             return GateResult(f"GET {health.path}", True, "200", time.monotonic() - start)
-        if answer.status == 200:  # our server is gone: another process answers on its port
+        if answer.status == 200 and not status.get("running"):  # our server is gone: another process answers
             tail = " | ".join((status.get("log_tail") or [])[-3:])
             return GateResult(f"GET {health.path}", False, f"200, but the service is not running: another process "
                                                           f"answers on port {port}; log: {tail}",
                               time.monotonic() - start)
-        last = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"
+        last = (f"200 from another process on port {port}; the service has not bound it" if foreign else
+                f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}")
         if not status.get("running"):
             tail = " | ".join((status.get("log_tail") or [])[-3:])
             return GateResult(f"GET {health.path}", False, f"the service exited ({last}); log: {tail}",

@@ -1,4 +1,5 @@
 # fleetctl-include: writable
+# fleetctl-include: port_owner
 # fleetctl-include: supervisor
 # fleetctl-include: systemd_units
 """The inference service on one host: a systemd unit, or fleetctl's built-in supervisor.
@@ -92,10 +93,12 @@ def status(params):
     config, sup_pidfile, state_file = supervisor_files(params)
     sup_pid, sup_marker = read_pid(sup_pidfile)
     state = read_json_file(state_file) or {}
+    port = params.get("port")
     return dict(stored_fields(params), manager="process", running=running, pid=pid if running else None, log=log,
                 log_tail=tail(log), supervised=bool(sup_pid) and alive(sup_pid, sup_marker),
                 restarts=int(state.get("restarts") or 0), last_exit=state.get("last_exit_text"),
-                enabled=os.path.exists(boot_entry(params)))
+                enabled=os.path.exists(boot_entry(params)),
+                listens=listens(pid, port) if running and port else None)
 
 
 def stored_fields(params):
