@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,11 @@ def _ansible_env(scratch: Path) -> dict[str, str]:
     env = {**os.environ, "HOME": str(scratch), "ANSIBLE_LOCAL_TEMP": str(scratch / "ansible-tmp"),
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_FORCE_COLOR": "0"}
     env.pop("ANSIBLE_CONFIG", None)
+    # ssh's ControlPath is a Unix socket (108 bytes at most): under pytest-xdist the scratch path is too
+    # long for it, so the sockets go to a short folder of their own.
+    control = Path(tempfile.gettempdir()) / f"fleetctl-ans-cp-{os.getpid()}"
+    control.mkdir(mode=0o700, exist_ok=True)
+    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(control)
     return env
 
 
