@@ -96,10 +96,11 @@ def test_sglang_parser_sees_the_launch_args_without_the_stand_ins_own_flags() ->
     from fleetctl.release.service import without_standin
 
     launch = ["--model-path", "/m", "--standin-accept-length", "3.5", "--standin-health-hang", "--tp", "2",
-              "--standin-start-delay=1", "--speculative-algorithm", "DFLASH", "--standin-decode-tps", "-1"]
+              "--standin-start-delay=1", "--speculative-algorithm", "DFLASH", "--standin-decode-tps", "-1",
+              "--standin-bind-delay", "2"]
     expected = ["--model-path", "/m", "--tp", "2", "--speculative-algorithm", "DFLASH"]
     opts = argparse.Namespace(health_status=200, accept_length=3.0, decode_tps=100.0, start_delay=0.0,
-                              health_hang=False)
+                              health_hang=False, bind_delay=0.0)
     assert without_standin(launch) == expected
     assert fake_sglang.sglang_flags(launch, opts) == expected
     core = Path(__file__).resolve().parents[1] / "fleetctl" / "release"

@@ -246,7 +246,7 @@ class SSHConnector:
         try:
             early = self._exec(chan, f"printf '{PID_TAG}%s\\n' $$ >&2; {command}")
         except Exception:
-            chan.close()
+            close_quietly(chan)
             raise
         chan.shutdown_write()  # stdin is empty
         out, err = BoundedCapture(), BoundedCapture()
@@ -288,7 +288,7 @@ class SSHConnector:
                     select.select([chan], [], [], left)
             rc = chan.recv_exit_status()
         finally:
-            chan.close()
+            close_quietly(chan)
         return CommandResult(command, rc, out.text(), err.text(), time.monotonic() - start)
 
     def _kill_group(self, pid: int | None) -> bool:
@@ -362,7 +362,7 @@ class SSHConnector:
             if self.target.become is not None:  # the command's own output starts after our line
                 self._expect_started(stream)
         except Exception:
-            chan.close()
+            close_quietly(chan)  # the error that got us here is what the user must see
             raise
         return stream
 
@@ -382,3 +382,18 @@ class SSHConnector:
                 if gateway is not None and not isinstance(gateway, str):
                     gateway.close()  # Fabric leaves the bastion's connection open
                 self._conn = None
+
+
+def close_quietly(chan: Any) -> None:
+    """Close a channel whose connection may already be gone (sshd closes it after a sudo refusal):
+    closing must not replace the error being reported with an EOFError."""
+    try:
+        chan.close()
+    except (EOFError, OSError, paramiko_errors()):
+        pass
+
+
+def paramiko_errors() -> type[Exception]:
+    from paramiko.ssh_exception import SSHException
+
+    return SSHException
