@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from jobs import BenchError  # noqa: E402
 from lab_support import LabHandle  # noqa: E402
+from overlay import COUNTING_CLI  # noqa: E402  (the CLI counting its SSH bytes, as bench/overlay.py runs it)
 
 from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
 from fleetctl.release.spec import load_spec  # noqa: E402
@@ -54,21 +55,6 @@ PLAIN = ROOT / "playbooks/releases/sglang-0.5.23-full-lab.yml"
 DDTREE = ROOT / "playbooks/releases/ddtree-sglang-0.5.23-full-lab.yml"
 TARGETS = ("lab2", "lab3")
 SAMPLES = ROOT / ".fleetctl" / "bench-full-env.json"  # every sample as it comes (report again: --report-only)
-# The CLI in a child process that counts the bytes its SSH transports write and read (paramiko).
-COUNTING_CLI = """
-import sys, paramiko.packet as p
-n = {"out": 0, "in": 0}
-w, r = p.Packetizer.write_all, p.Packetizer.read_all
-def write_all(self, out):
-    n["out"] += len(out); return w(self, out)
-def read_all(self, k, check_rekey=False):
-    n["in"] += k; return r(self, k, check_rekey)
-p.Packetizer.write_all, p.Packetizer.read_all = write_all, read_all
-from fleetctl.cli.main import main
-rc = main(sys.argv[1:])
-sys.stderr.write("@@BYTES %d %d\\n" % (n["out"], n["in"]))
-sys.exit(rc)
-"""
 
 
 class Sample(dict[str, float]):

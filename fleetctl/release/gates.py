@@ -80,7 +80,8 @@ def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port:
         # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
         left = max(0.5, min(10.0, deadline - time.monotonic()))
         answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))
-        status = session.call("service_host", control(layout, "status", instance))
+        status = session.call("service_host", {**control(layout, "status", instance),
+                                               "check_listen": answer.status == 200})
         if status.get("restarts"):
             tail = " | ".join((status.get("log_tail") or [])[-3:])
             why = (f"the service exited and the supervisor restarted it {status['restarts']} time(s) "

@@ -98,7 +98,8 @@ def status(params):
                 log_tail=tail(log), supervised=bool(sup_pid) and alive(sup_pid, sup_marker),
                 restarts=int(state.get("restarts") or 0), last_exit=state.get("last_exit_text"),
                 enabled=os.path.exists(boot_entry(params)),
-                listens=listens(pid, port) if running and port else None)
+                # who holds the port: asked by the health gate only when /health answered 200
+                listens=listens(pid, port) if running and port and params.get("check_listen") else None)
 
 
 def stored_fields(params):

@@ -215,13 +215,18 @@ def plan_message(dest: str, plan: FilePlan, size: int, check: bool) -> str:
 
 # --- doing it ------------------------------------------------------------------------------------
 
-def _call(mc: ModuleContext, params: dict[str, Any]) -> Any:
+def remote_call(mc: ModuleContext, module: str, error_type: str, params: dict[str, Any]) -> Any:
+    """Call a host-side module; its own refusal (``error_type``) is the host's one-line failure."""
     try:
-        return mc.session.call("files", params)
+        return mc.session.call(module, params)
     except RemoteOperationError as exc:
-        if exc.etype == "FilesError":
+        if exc.etype == error_type:
             raise HostError(mc.host, exc.remote_message) from None
         raise
+
+
+def _call(mc: ModuleContext, params: dict[str, Any]) -> Any:
+    return remote_call(mc, "files", "FilesError", params)
 
 
 def host_file(mc: ModuleContext, dest: str) -> HostFile:

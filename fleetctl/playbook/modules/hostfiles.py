@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from fleetctl.errors import HostError, InputError, RemoteOperationError
+from fleetctl.errors import HostError, InputError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.modules.files import MAX_CONTENT, MAX_DIFF_TEXT, _call, ensure_file
+from fleetctl.playbook.modules.files import MAX_CONTENT, MAX_DIFF_TEXT, _call, ensure_file, remote_call
 
 
 def _absolute(value: str) -> str:
@@ -41,12 +41,7 @@ def _octal(value: Any) -> Any:
 
 
 def _ops(mc: ModuleContext, params: dict[str, Any]) -> Any:
-    try:
-        return mc.session.call("file_ops", params)
-    except RemoteOperationError as exc:
-        if exc.etype == "FileOpsError":
-            raise HostError(mc.host, exc.remote_message) from None
-        raise
+    return remote_call(mc, "file_ops", "FileOpsError", params)
 
 
 class FileStateArgs(Args):
