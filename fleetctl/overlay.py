@@ -273,7 +273,9 @@ class OverlayRequest:
     packages: tuple[str, ...] = ()
     dry_run: bool = False
     direct: bool = False  # each target pulls the stream from the source host over its own ssh
-    level: int = 1  # zlib level: 1 already takes Python sources to about a third
+    # zlib level of the stream, 0 = none (the default, as ssh and rsync without -z): on a LAN the
+    # link outruns zlib (level 1 compresses a CUDA library at ~7 MB/s on one core, tar sends 100+).
+    level: int = 0
     # Only for tests of interrupted overlays: the target pauses this long after each file.
     throttle_s: float = field(default_factory=lambda: float(os.environ.get("FLEETCTL_OVERLAY_THROTTLE_S", "0")))
 
@@ -363,24 +365,49 @@ def target_dirs(session: HostSession) -> dict[str, str]:
     return {"cache_dir": hostpaths.cache_dir(session.vars), "state_dir": hostpaths.overlays_dir(session.vars)}
 
 
-def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest) -> HostPlan:
-    src = files.listing
-    params = {"action": "list", "names": sorted(src.dists), "trees": {n: [d.dist_info, d.tree]
-                                                                      for n, d in src.dists.items()},
-              **target_dirs(session)}
+def target_call(session: HostSession, req: OverlayRequest, params: dict[str, Any]) -> Any:
     try:
-        raw = session.call("overlay_target", params, python=python_of(req.target_venv))
+        return session.call("overlay_target", {**params, **target_dirs(session)}, python=python_of(req.target_venv))
     except RemoteOperationError as exc:
         if exc.etype == "InterpreterNotFound":
             raise HostError(session.name, f"no venv at {req.target_venv} (create it: fleetctl venv create)") from None
         raise
+
+
+def own_trees(session: HostSession, req: OverlayRequest) -> dict[str, Any]:
+    """The target's own tree hash of each of its distributions (the source's globs), listed while
+    the source lists: a re-run with nothing changed then costs the slower listing, not both."""
+    return target_call(session, req, {"action": "list", "own_trees": True, "packages": list(req.packages)})
+
+
+def matched_by_tree(src: SourceListing, own: Mapping[str, Any]) -> set[str]:
+    """Distributions installed once on the target, as the source's dist-info, with the source's tree."""
+    found: dict[str, Any] = {canonicalize_name(n): items for n, items in (own.get("dists") or {}).items()}
+    return {name for name, d in src.dists.items()
+            if len(found.get(name, ())) == 1 and found[name][0]["dist_info"] == d.dist_info
+            and d.tree and found[name][0].get("tree") == d.tree}
+
+
+def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
+                own: Mapping[str, Any] | None = None) -> HostPlan:
+    """What this target needs. With ``own`` (its own trees, listed beside the source) only the
+    distributions whose trees differ are listed again, with their files."""
+    src = files.listing
+    matched = matched_by_tree(src, own) if own is not None else set()
+    if own is not None and matched == set(src.dists):
+        target = TargetListing(Interpreter.from_raw(own["interpreter"]), {}, {}, bool(own.get("inflight")),
+                               frozenset(matched))
+        return plan_host(session.name, req.target_venv, src, target)
+    rest = sorted(set(src.dists) - matched)
+    raw = target_call(session, req, {"action": "list", "names": rest,
+                                     "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
     target = parse_target(raw)
+    target = replace(target, matched=target.matched | matched)
     unmatched = set(src.dists) - target.matched
     if unmatched:
         src = files.complete(unmatched)
         paths = sorted({f.rel for n in unmatched for f in src.dists[n].files})
-        found = session.call("overlay_target", {"action": "hashes", "paths_z": pack(paths), **target_dirs(session)},
-                             python=python_of(req.target_venv))
+        found = target_call(session, req, {"action": "hashes", "paths_z": pack(paths)})
         target = replace(target, hashes=unpack(found["hashes_z"]))
     return plan_host(session.name, req.target_venv, src, target)
 
@@ -398,11 +425,16 @@ def judged(res: HostResult[HostPlan]) -> HostResult[HostOverlay]:
 
 def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> OverlayReport:
     """List both sides, plan every target (pure), then stream to the targets that need it."""
-    with ThreadPoolExecutor(1) as pool:  # start the targets' agents while the source lists
+    with ThreadPoolExecutor(1) as pool:  # the targets list their own trees while the source lists
         listed = pool.submit(list_source, source, req)
-        targets.map(lambda ctx: ctx.ping())
+        own = targets.map(lambda ctx: own_trees(ctx, req))
         files = SourceFiles(source, req, listed.result())
-    results = {h: judged(r) for h, r in targets.map(lambda ctx: list_target(ctx, files, req)).items()}
+
+    def plan(ctx: HostContext) -> HostPlan:  # a target whose own listing failed is asked the old way
+        first = own.get(ctx.name)
+        return list_target(ctx, files, req, first.value if first is not None and first.ok else None)
+
+    results = {h: judged(r) for h, r in targets.map(plan).items()}
     src = files.listing
     report = OverlayReport(req, src, results)
     if req.dry_run:
@@ -509,7 +541,7 @@ def target_params(src: SourceListing, plan: HostPlan, req: OverlayRequest) -> di
         "remove_dist_infos": [i for d in changed for i in d.remove_dist_infos],
         "new_dist_infos": {d.dist_info: [f.rel for f in src.dists[d.name].files if f.rel.startswith(d.dist_info + "/")]
                            for d in changed},
-        "manifest": manifest, "throttle_s": req.throttle_s,
+        "manifest": manifest, "throttle_s": req.throttle_s, "level": req.level,
     }
 
 

@@ -19,6 +19,7 @@ from lab_support import (
     private_lab,
     shared_lab,
 )
+from service_cleanup import clean_releases
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,9 +94,7 @@ def sglang_lab(lab_fleet: LabHandle) -> LabHandle:
 
 # Stops the release's servers and their supervisors (by their pidfiles) and removes every release,
 # its state and the supervisor's boot entries on a host.
-CLEAN_RELEASES = ("for f in /var/lib/fleetctl/service/*.supervisor.pid /var/lib/fleetctl/service/*.pid; do "
-                  "[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; "
-                  "rm -rf /opt/fleetctl /var/lib/fleetctl /etc/fleetctl/boot.d; true")
+CLEAN_RELEASES = clean_releases()
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lab_support import LabHandle
+from service_cleanup import stop_services, unmount
 
 # On the host: what `current` names, whether that release is whole (every patched/added file
 # matches the manifest's sha256, every file of the base venv is in the release's venv), and what
@@ -197,6 +198,5 @@ def fill_state_dir(lab: LabHandle, host: str, pages_left: int) -> None:
 def unmount_state_dir(lab: LabHandle, host: str) -> None:
     """Back to the host's own state folder: the service started on the tmpfs keeps its log open there,
     so its supervisor, then the server, are stopped first (the test's own clean-up, by their pidfiles)."""
-    lab.ssh(host, f"for f in {STATE}/service/*.supervisor.pid {STATE}/service/*.pid; do "
-                  f"[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; sleep 0.2; umount {STATE}", check=False)
+    lab.ssh(host, f"{stop_services(STATE)}; {unmount(STATE)}", check=False)
     assert lab.ssh(host, f"findmnt -n -t tmpfs {STATE}; true").stdout.strip() == ""

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from cli_support import CliRun, run_cli
 from lab_support import REPO, LabHandle
+from service_cleanup import clean_releases
 from sglang_support import OLD_SGLANG, visible_wheel, wheel
 
 from fleetctl.release.spec import load_spec
@@ -41,9 +42,7 @@ PLAIN, DDTREE = RELEASES / "sglang-0.5.23-full-lab.yml", RELEASES / "ddtree-sgla
 HYBRID_LINEAR = "sglang/srt/layers/attention/hybrid_linear_attn_backend.py"
 TIMES: dict[str, float] = {}
 BUILDS: dict[str, dict] = {}
-CLEAN_RELEASES = ("g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
-                  "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-                  "rm -rf /opt/fleetctl /var/lib/fleetctl; true")  # as conftest's release_free_lab
+CLEAN_RELEASES = clean_releases()  # as conftest's release_free_lab
 
 
 def cli(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str) -> CliRun:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cli_support import run_cli
 from lab_support import LabHandle, user_inventory
+from service_cleanup import clean_releases
 
 from fleetctl.inventory import load_inventory
 from fleetctl.release.service import HostLayout, unit
@@ -39,9 +40,8 @@ with open(os.path.join(site, "nonrootpkg-1.0.dist-info/RECORD"), "w") as handle:
 """
 OWN = {"fleetctl_root": "/home/fleetop/fleetctl", "fleetctl_state_dir": "/home/fleetop/state",
        "service_port": 30077}  # its own port: a root release of another test may serve 30000
-STOP_OWN = ("g=/home/fleetop/state/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
-            "f=/home/fleetop/state/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-            "rm -rf /home/fleetop/fleetctl /home/fleetop/state /home/fleetop/.cache /srv/new-env; true")
+STOP_OWN = clean_releases("/home/fleetop/fleetctl", "/home/fleetop/.cache", "/srv/new-env",
+                          state="/home/fleetop/state", boot=False)
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +222,7 @@ def test_service_user_runs_the_server_as_fleetop(nonroot_lab: LabHandle, tmp_pat
     spec.write_text(f'name: asuser\nversion: "1"\nbase: {{adopt: {ENV}}}\n'
                     "service: {standin: true, user: fleetop, env: {SECRET_THING: s3cret}}\n"
                     "health: {timeout: 15, interval: 0.2}\n")
-    stop = ("g=/srv/userstate/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
-            "f=/srv/userstate/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-            "rm -rf /srv/userrel /srv/userstate; true")
+    stop = clean_releases("/srv/userrel", state="/srv/userstate", boot=False)
     try:
         r = cli(capsys, inv, "-l", "lab3", "deploy", str(spec), "--json")
         assert r.rc == 0, r.err

@@ -76,7 +76,7 @@ def test_fresh_venv_then_nothing_to_change(ov_lab: LabHandle, capsys: pytest.Cap
 
 def test_upgrade_leaves_no_stale_file_and_one_dist_info(ov_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
     make_venv(ov_lab, "lab3", SRC, [wheel("sglang", OLD_SGLANG)], fresh=True)
-    r = _overlay(capsys, ov_lab, "lab3", "--packages", "sglang")
+    r = _overlay(capsys, ov_lab, "lab3", "--packages", "sglang", "--compress", "6")  # through the controller, zlib
     assert r.rc == 0, r.out[-2000:] + r.err
     (sglang,) = r.json()["hosts"]["lab3"]["value"]["dists"]
     assert (sglang["action"], sglang["old_version"], sglang["new_version"]) == ("upgrade", OLD_SGLANG, NEW_SGLANG)
@@ -317,7 +317,7 @@ def test_direct_overlay_pulls_from_the_source_itself(lab_fleet: LabHandle, capsy
         assert human.rc == 0, human.out[-2000:] + human.err
         assert "lab2: done (direct from the source):" in human.out, human.out
         pkgs = [p for name in DIRECT_PKGS for p in ("--packages", name)]
-        r = _cli(capsys, lab_fleet, *base, *pkgs, "--json")
+        r = _cli(capsys, lab_fleet, *base, *pkgs, "--compress", "1", "--json")  # a zlib stream, pulled direct
         assert r.rc == 0, r.out[-2000:] + r.err
         doc = r.json()
         assert doc["direct"] is True

@@ -263,3 +263,53 @@ def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
     assert argv[argv.index("-i") + 1] == "/root/.ssh/fleet key" and argv[argv.index("-p") + 1] == "2222"
     assert argv[-2:] == ["ops@10.0.0.1", command] and "StrictHostKeyChecking=no" not in argv
     assert shlex.split(command)[:3] == ["exec", "/opt/my venv/bin/python", "-c"]
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_the_stream_carries_a_large_binary_from_its_file_and_lands_it_whole(tmp_path: Path, level: int) -> None:
+    """The source's framing (level 0: tar's own bytes; above 0: zlib) read back by the target's
+    reader: every member as it was sent. A large binary goes from the open file (binary_file), a
+    large text file (which may need relocating) does not; a cut stream is an EOFError, never a
+    short file."""
+    import io
+    import tarfile
+
+    source, target = remote("overlay_source"), remote("overlay_target")
+    big = tmp_path / "libbig.so"
+    big.write_bytes(b"\x7fELF\0" + os.urandom(3 << 20))
+    text = tmp_path / "big.py"
+    text.write_bytes(b"x = 1\n" * (300 << 10))
+    assert source["binary_file"](str(text), text.stat().st_size) is None
+    assert source["binary_file"](str(tmp_path / "missing"), 5 << 20) is None
+    out = io.BytesIO()
+    framer = source["Framer"](out, level)
+    with tarfile.open(fileobj=framer, mode="w|", bufsize=1 << 20) as tar:
+        for path in (big, text):
+            handle = source["binary_file"](str(path), path.stat().st_size) or io.BytesIO(path.read_bytes())
+            assert (path == big) == (not isinstance(handle, io.BytesIO))
+            item = tarfile.TarInfo(path.name)
+            item.size = path.stat().st_size
+            tar.addfile(item, handle)
+            handle.close()
+    framer.close()
+    raw, payload = out.getvalue(), bytearray()
+    while True:
+        size = struct.unpack(">I", raw[:4])[0]
+        if size == 0:
+            break
+        payload += raw[4:4 + size]
+        raw = raw[4 + size:]
+    assert (len(payload) < big.stat().st_size + text.stat().st_size) == (level > 0)  # text compresses
+
+    def reader(data: bytes) -> Any:
+        stream = io.BytesIO(data)
+        return target["Decompressor"](lambda n: stream.read(n), level > 0)
+
+    got = {}
+    with tarfile.open(fileobj=reader(bytes(payload)), mode="r|") as tar:
+        for member in tar:
+            got[member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
+    assert got == {"libbig.so": big.read_bytes(), "big.py": text.read_bytes()}
+    with pytest.raises(EOFError), tarfile.open(fileobj=reader(bytes(payload[:2 << 20])), mode="r|") as tar:
+        for member in tar:
+            tar.extractfile(member).read()  # type: ignore[union-attr]

@@ -20,6 +20,7 @@ import yaml
 from cli_support import CliRun, run_cli
 from lab_support import LabHandle
 from reliability_support import write_spec
+from service_cleanup import clean_releases
 
 from fleetctl.secrets import MASK
 
@@ -236,9 +237,7 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
         cli("-l", "third", "shell", f"touch /root/{Path(control).name}")
         assert markers_found(lab, control) == [f"lab3:/root/{Path(control).name}"]
     finally:
-        lab.ssh("lab3", "g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g); "
-                        "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f); "
-                        f"rm -rf /opt/fleetctl /var/lib/fleetctl {TINY}; true")
+        lab.ssh("lab3", clean_releases("/opt/fleetctl", TINY))
         for host in lab.hosts:
             lab.ssh(host, f"rm -f /root/{Path(marker).name}-control; true")
             remove_hostile_venv(lab, host)

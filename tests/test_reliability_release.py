@@ -21,6 +21,7 @@ from reliability_support import (
     wait_until,
     write_spec,
 )
+from service_cleanup import clean_releases, unmount
 
 from fleetctl.release.spec import load_spec
 
@@ -29,9 +30,8 @@ RELEASES = REPO / "playbooks" / "releases"
 PLAIN = RELEASES / "sglang-0.5.23-lab.yml"
 DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
-CLEAN = ("g=/var/lib/fleetctl/service/sglang.supervisor.pid; [ -f $g ] && kill -9 $(head -1 $g) 2>/dev/null; "
-         "f=/var/lib/fleetctl/service/sglang.pid; [ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; "
-         "rm -rf /opt/fleetctl/* /var/lib/fleetctl; true")
+# /opt/fleetctl itself may be a test's mount point: its contents go
+CLEAN = clean_releases("/opt/fleetctl/*")
 
 
 # A base venv under /opt: releases cloned from it are hard links (same filesystem), so a deploy
@@ -254,7 +254,7 @@ def test_disk_full_during_the_build_fails_cleanly(deployed_lab: LabHandle, tmp_p
         assert done.rc == 0, done.out + done.err
         assert_whole(lab, "lab2", two, base=tiny)
     finally:
-        lab.ssh("lab2", f"{CLEAN}; umount /opt/fleetctl; rm -rf {tiny}", check=False)
+        lab.ssh("lab2", f"{CLEAN}; {unmount('/opt/fleetctl')}; rm -rf {tiny}", check=False)
     assert lab.ssh("lab2", "findmnt -n /opt/fleetctl; true").stdout.strip() == ""
 
 

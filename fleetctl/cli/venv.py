@@ -75,10 +75,13 @@ def _print_create(results: dict[str, HostResult[CreateOutcome]]) -> None:
 @click.option("--direct", is_flag=True,
               help="Each target pulls the stream from the source host over its own ssh (it must already trust the "
                    "source's host key; host var direct_ssh_key names its key file), not through this machine.")
+@click.option("--compress", "level", type=click.IntRange(0, 9), default=0, show_default=True, metavar="LEVEL",
+              help="zlib level of the stream, 1-9 (as ssh -C or rsync -z); for a slow link: on a LAN "
+                   "compressing costs more time than it saves.")
 @host_options
 @click.pass_obj
 def overlay(app: AppContext, source: str, path: str, to_venv: str | None, packages: tuple[str, ...], dry_run: bool,
-            direct: bool) -> int:
+            direct: bool, level: int) -> int:
     """Bring the source venv's distributions into each selected host's venv, as an installer would:
     old versions removed by their RECORD, only differing files sent, paths rewritten."""
     from fleetctl import overlay as core
@@ -92,7 +95,7 @@ def overlay(app: AppContext, source: str, path: str, to_venv: str | None, packag
     targets = [h for h in app.selected_hosts() if h.name != source]
     if not targets:
         raise InputError(f"no target hosts: the selection holds only the source {source}")
-    request = core.OverlayRequest(source, path, to_venv, packages, dry_run, direct)
+    request = core.OverlayRequest(source, path, to_venv, packages, dry_run, direct, level)
     with app.fleet(source) as src, Fleet(app.inventory, targets, src.settings) as fleet:
         report = core.run_overlay(src.contexts[source], fleet, request)
     if app.json:

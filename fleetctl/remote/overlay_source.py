@@ -11,12 +11,12 @@
 #     for the distributions in files_for (all when None) the per-file list, zlib+base64 packed.
 #   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON
 #     {"send": [[dist_info, rel]], "target_prefix": str, "level": int} from stdin and writes MAGIC,
-#     then a zlib-compressed tar of exactly those files, as they must land, to stdout, in frames
-#     (see Compressor).
+#     then a tar of exactly those files, as they must land, to stdout, in frames (see Framer);
+#     zlib-compressed at `level` when it is above 0 (off by default: tar's own bytes, as ssh | tar).
+#     A large binary file (never relocated) is sent from the file in chunks, not read whole.
 # Paths are RECORD paths: relative to site-packages ("pkg/mod.py", "../../../bin/tool").
 # .pyc files are never listed or sent: they embed the source path, and the target recompiles.
 import email.parser
-import fnmatch
 import io
 import json
 import os
@@ -30,13 +30,6 @@ from stat import S_ISLNK
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 EXT_TAG = re.compile(r"\.((?:cpython|pypy)[-\w]*|abi3)\.(?:so|pyd)$")
-
-
-def wanted(name, patterns):
-    for pat in patterns:
-        if fnmatch.fnmatch(name, pat.lower() if "*" in pat or "?" in pat else normalize(pat)):
-            return True
-    return not patterns
 
 
 def dist_infos(site):
@@ -211,20 +204,20 @@ def main(params):
     return {"schema": 1, "interpreter": info, "dists": dists}
 
 
-class Compressor(object):
-    """A write-only file object: zlib-compresses what tarfile writes and sends it on `out` in
-    frames (4-byte length + bytes); a zero-length frame closes a stream that ended well, so the
-    controller can tell a finished source from one that died."""
+class Framer(object):
+    """A write-only file object: sends what tarfile writes on `out` in frames (4-byte length +
+    bytes), zlib-compressed first when `level` > 0; a zero-length frame closes a stream that ended
+    well, so the controller can tell a finished source from one that died."""
 
     FRAME = 1 << 18
 
     def __init__(self, out, level):
-        self.out, self.z, self.raw, self.pending = out, zlib.compressobj(level), 0, []
+        self.out, self.z, self.raw, self.pending = out, zlib.compressobj(level) if level > 0 else None, 0, []
         self.size = 0
 
     def write(self, data):
         self.raw += len(data)
-        packed = self.z.compress(data)
+        packed = self.z.compress(data) if self.z is not None else bytes(data)
         if packed:
             self.pending.append(packed)
             self.size += len(packed)
@@ -233,16 +226,38 @@ class Compressor(object):
         return len(data)
 
     def emit(self):
-        data = b"".join(self.pending)
+        data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
         self.pending, self.size = [], 0
         if data:
-            self.out.write(struct.pack(">I", len(data)) + data)
+            self.out.write(struct.pack(">I", len(data)))
+            self.out.write(data)
 
     def close(self):
-        self.pending.append(self.z.flush())
+        if self.z is not None:
+            self.pending.append(self.z.flush())
         self.emit()
         self.out.write(struct.pack(">I", 0))
         self.out.flush()
+
+
+LARGE = 1 << 20  # from this size a file is looked at first: a binary one is sent from the file
+CHUNK = 1 << 20
+
+
+def binary_file(path, size):
+    """A large file with a NUL byte in its first chunk: binary, never relocated (relocate.is_text),
+    so its bytes go as they are, without holding the whole file in memory."""
+    if size < LARGE:
+        return None
+    try:
+        handle = open(path, "rb")
+    except (IOError, OSError):
+        return None
+    if b"\0" in handle.read(CHUNK):
+        handle.seek(0)
+        return handle
+    handle.close()
+    return None
 
 
 def read_params(inp):
@@ -257,20 +272,30 @@ def stream_main():
     info = interpreter()
     dists = {}
     out.write(STREAM_MAGIC)
-    sink = Compressor(out, int(params.get("level", 1)))
-    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT)
+    sink = Framer(out, int(params.get("level", 0)))
+    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK)
+    tar.copybufsize = CHUNK  # tarfile's default copies large files 16 KB at a time
     for entry, rel in params["send"]:
         if entry not in dists:
             dists[entry] = Dist(info["site"], entry, info["prefix"], params["target_prefix"].rstrip("/"))
         dist = dists[entry]
-        data, _moved = dist.content(rel)
-        if data is None:
-            raise IOError("%s vanished from the source while sending" % rel)
         item = tarfile.TarInfo(rel)
-        item.size = len(data)
-        item.mode, mtime = dist.mode(rel)
-        item.mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
-        tar.addfile(item, io.BytesIO(data))
+        path, st = dist.located(rel) if rel != entry + "/RECORD" else (None, None)
+        handle = binary_file(path, st.st_size) if st is not None else None
+        try:
+            if handle is not None:
+                item.size = os.fstat(handle.fileno()).st_size
+            else:
+                data, _moved = dist.content(rel)
+                if data is None:
+                    raise IOError("%s vanished from the source while sending" % rel)
+                item.size, handle = len(data), io.BytesIO(data)
+            item.mode, mtime = dist.mode(rel)
+            item.mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
+            tar.addfile(item, handle)
+        finally:
+            if handle is not None:
+                handle.close()
     tar.close()
     sink.close()
 

@@ -7,6 +7,8 @@
 #   main({"action": "list", "names": [dist], "trees": {name: [dist_info, tree]}}) (an agent call,
 #     read-only): this interpreter, every dist-info of those distributions, whether it matches
 #     the source's tree hash, and the RECORD paths of those that do not (zlib+base64 packed).
+#     With {"own_trees": true, "packages": [glob]} instead: each dist-info's own tree hash (run
+#     while the source lists; the controller compares).
 #   main({"action": "hashes", "paths_z": packed [rel]}): the sha256 of each path that exists (of a
 #     dist-info's RECORD: comparable_record_hash, its rows without bytecode, as the source sends it).
 #   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON plan
@@ -43,9 +45,12 @@ PYC_TAG = re.compile(r"^[a-z]+-\d+(\.opt-\d+)?\.pyc$")  # "cpython-311.pyc", "cp
 
 def listing(params):
     """Each dist-info of `names`; `match` when it is the source's dist-info and the tree hash over
-    the files its RECORD lists equals the source's (then its file list is left out)."""
+    the files its RECORD lists equals the source's (then its file list is left out).
+    With `own_trees` (and `packages` globs instead of names) it runs before the source's listing
+    has come: each dist-info's own tree hash, no file lists; the controller compares."""
     info = interpreter()
     site, names, trees = info["site"], set(params.get("names") or []), params.get("trees") or {}
+    own, patterns = bool(params.get("own_trees")), params.get("packages") or []
     cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
     dists = {}
     for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
@@ -53,14 +58,17 @@ def listing(params):
         if not (entry.endswith(".dist-info") and os.path.isdir(folder)):
             continue
         name, version = dist_name(folder, entry)
-        if normalize(name) not in names:
+        if not (wanted(normalize(name), patterns) if own else normalize(name) in names):
             continue
         rows = [os.path.normpath(row[0]) for row in read_record(folder) if not is_bytecode(row[0])]
-        want = trees.get(normalize(name))
-        item = {"version": version, "dist_info": entry,
-                "match": bool(want and want[0] == entry and tree_of(site, entry, rows, cache) == want[1])}
-        if not item["match"]:
-            item["files_z"] = pack_json(rows)
+        item = {"version": version, "dist_info": entry}
+        if own:
+            item["tree"] = tree_of(site, entry, rows, cache)
+        else:
+            want = trees.get(normalize(name))
+            item["match"] = bool(want and want[0] == entry and tree_of(site, entry, rows, cache) == want[1])
+            if not item["match"]:
+                item["files_z"] = pack_json(rows)
         dists.setdefault(normalize(name), []).append(item)
     cache.save()
     return {"schema": 1, "interpreter": info, "dists": dists,
@@ -129,20 +137,27 @@ def journal_path(prefix, state_dir=None):
 
 class Decompressor(object):
     """A read-only file object over `read(n)` (stdin, or a direct source): what tarfile reads,
-    zlib-decompressed."""
+    zlib-decompressed when the source compressed it (`compressed`), else as it came."""
 
-    def __init__(self, read):
-        self.raw, self.z, self.buf, self.bytes_in = read, zlib.decompressobj(), bytearray(), 0
+    def __init__(self, read, compressed=True):
+        self.raw, self.buf, self.bytes_in = read, bytearray(), 0
+        self.z = zlib.decompressobj() if compressed else None
 
     def fill(self):
-        chunk = self.raw(1 << 18)
+        chunk = self.raw(1 << 20)
         if not chunk:
             raise EOFError("the stream from the source ended early (connection dropped?)")
         self.bytes_in += len(chunk)
-        self.buf += self.z.decompress(chunk)
+        self.buf += self.z.decompress(chunk) if self.z is not None else chunk
+
+    def ended(self):
+        # Uncompressed, the tar's own end-of-archive blocks are the end (tarfile has read them).
+        return self.z is None or self.z.eof
 
     def read(self, size=-1):
-        while (size < 0 or len(self.buf) < size) and not self.z.eof:
+        while (size < 0 or len(self.buf) < size) and not (self.z is not None and self.z.eof):
+            if self.z is None and size < 0:
+                break
             self.fill()
         size = len(self.buf) if size < 0 else size
         out = bytes(self.buf[:size])
@@ -150,7 +165,7 @@ class Decompressor(object):
         return out
 
     def finish(self):
-        while not self.z.eof:
+        while not self.ended():
             self.fill()
 
 
@@ -192,13 +207,15 @@ class Applier(object):
             elif os.path.lexists(temp):
                 os.unlink(temp)
 
-    def land(self, member, data):
+    def land(self, member, content):
+        """`content`: the member's file object; a dist-info file is read whole (it is written last),
+        any other is copied to its temporary name in chunks (a 1 GB library is never held whole)."""
         rel = os.path.normpath(member.name)
         path = self.path(rel)
         if rel.split("/", 1)[0].endswith(".dist-info"):
-            self.meta.append((rel, path, data, member.mode, member.mtime))  # written last, see apply()
+            self.meta.append((rel, path, content.read(), member.mode, member.mtime))  # written last, see apply()
             return
-        atomic_write(path, data, member.mode, member.mtime)
+        atomic_write(path, content, member.mode, member.mtime)
         drop_bytecode(path)
         self.written += 1
         if self.plan.get("throttle_s"):
@@ -404,14 +421,14 @@ def apply(plan, read):
     with state_full_said(applier, "the overlay journal", "nothing written to %s: run again when there is room"
                          % applier.prefix):
         applier.begin()
-    source = Decompressor(read)
+    source = Decompressor(read, int(plan.get("level", 1)) > 0)
     received = set()
     member = None
     try:
-        with tarfile.open(fileobj=source, mode="r|") as tar:
+        with tarfile.open(fileobj=source, mode="r|", bufsize=1 << 20) as tar:
             for member in tar:
                 if member.isfile():
-                    applier.land(member, tar.extractfile(member).read())
+                    applier.land(member, tar.extractfile(member))
                     received.add(os.path.normpath(member.name))
         source.finish()
     except (IOError, OSError) as exc:

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import zlib
 
 TEMP_SUFFIX = ".fleetctl-tmp"
@@ -64,7 +65,7 @@ def atomic_write(path, data, mode=None, mtime=None):
 
 
 def write_temp(path, data, mode=None, mtime=None):
-    """`data` written whole under the temporary name of `path` (returned); renaming it over `path`
+    """`data` (bytes, or a file object to copy from) written whole under the temporary name of `path` (returned); renaming it over `path`
     is then the commit. On any failure (a full disk) no temporary file is left."""
     folder = os.path.dirname(path)
     if folder and not os.path.isdir(folder):
@@ -77,7 +78,10 @@ def write_temp(path, data, mode=None, mtime=None):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode & 0o7777)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            if hasattr(data, "read"):  # a file object: copied in chunks
+                shutil.copyfileobj(data, handle, 1 << 20)
+            else:
+                handle.write(data)
         if mode is not None:
             os.chmod(tmp, mode & 0o7777)
         if mtime is not None:

@@ -1,6 +1,7 @@
 # Host-side helpers about the running interpreter, shared (through `# fleetctl-include: venvinfo`)
 # by the overlay's source and target modules. Stdlib only, Python >= 3.8.
 import email.parser
+import fnmatch
 import os
 import re
 import sys
@@ -9,6 +10,14 @@ import sysconfig
 
 def normalize(name):
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wanted(name, patterns):
+    """A normalized distribution name against `--packages` globs (every name when there are none)."""
+    for pat in patterns:
+        if fnmatch.fnmatch(name, pat.lower() if "*" in pat or "?" in pat else normalize(pat)):
+            return True
+    return not patterns
 
 
 def glibc():

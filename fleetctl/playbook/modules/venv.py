@@ -29,7 +29,7 @@ from fleetctl.playbook.modules.base import (
 from fleetctl.transport.base import HostResult, Status
 
 PRESENT_ONLY = ("python", "lock", "requirements", "wheelhouse")
-OVERLAY_ONLY = ("source", "to_venv", "packages", "direct")
+OVERLAY_ONLY = ("source", "to_venv", "packages", "direct", "compress")
 
 
 class VenvArgs(Args):
@@ -45,6 +45,7 @@ class VenvArgs(Args):
     to_venv: str | None = None
     packages: list[str] = []  # distribution globs; none: every distribution
     direct: bool = False  # this host pulls the stream from the source over its own ssh
+    compress: int = Field(default=0, ge=0, le=9)  # zlib level of the stream; 0: none (a LAN outruns zlib)
 
     @field_validator("venv", "to_venv")
     @classmethod
@@ -126,7 +127,8 @@ def overlay_request(mc: ModuleContext, args: VenvArgs) -> ov.OverlayRequest:
         raise InputError(f"from {args.source}: no such host in the inventory")
     if args.direct and host.connection.kind != "ssh":
         raise InputError(f"direct: {args.source} is not reached over ssh, so targets cannot pull from it")
-    return ov.OverlayRequest(args.source, args.venv, args.to_venv, tuple(args.packages), mc.check, args.direct)
+    return ov.OverlayRequest(args.source, args.venv, args.to_venv, tuple(args.packages), mc.check, args.direct,
+                             args.compress)
 
 
 def source_files(mc: ModuleContext, req: ov.OverlayRequest) -> ov.SourceFiles:
