@@ -155,10 +155,12 @@ class Decompressor(object):
         return self.z is None or self.z.eof
 
     def read(self, size=-1):
-        while (size < 0 or len(self.buf) < size) and not (self.z is not None and self.z.eof):
-            if self.z is None and size < 0:
-                break
-            self.fill()
+        if self.z is None:  # as it came: what has arrived (tarfile asks again), never wait for more
+            if not self.buf and size != 0:
+                self.fill()
+        else:
+            while (size < 0 or len(self.buf) < size) and not self.z.eof:
+                self.fill()
         size = len(self.buf) if size < 0 else size
         out = bytes(self.buf[:size])
         del self.buf[:size]  # deleting from the front of a bytearray is O(1) in CPython
