@@ -4,6 +4,7 @@ host that drops gets one line and the others go on, and Ctrl-C exits 130 with no
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import subprocess
@@ -55,9 +56,10 @@ def cli(lab: LabHandle, *args: str) -> subprocess.CompletedProcess[str]:
 class Follow:
     """``fleetctl logs --follow`` running as its own process; its stdout and stderr lines read as they come."""
 
-    def __init__(self, lab: LabHandle, *args: str) -> None:
+    def __init__(self, lab: LabHandle, *args: str, after: tuple[str, ...] = ()) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), *args, "logs", "--follow"],
+            [sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), *args, "logs", "--follow",
+             *after],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -133,6 +135,14 @@ def test_follow_prefixes_new_lines_survives_restart_and_a_lost_host_and_stops_on
     assert rc == 130, follow.seen[-20:]
     assert not any("Traceback" in line for line in follow.seen), follow.seen
     assert followers_left(lab, "lab1") == ""
+
+
+def test_follow_with_json_is_one_document_per_line(served: LabHandle) -> None:
+    follow = Follow(served, "-l", "lab1", after=("-n", "1", "--json"))
+    first = follow.wait_for(lambda line: line.startswith("out {"))
+    assert json.loads(first[4:]).keys() == {"host", "instance", "line"}
+    assert json.loads(first[4:])["host"] == "lab1" and json.loads(first[4:])["instance"] in ("a", "b")
+    assert follow.interrupt() == 130
 
 
 def test_follow_of_a_host_without_a_release_is_one_line(lab_fleet: LabHandle) -> None:
