@@ -53,6 +53,19 @@ def test_instance_args_replace_the_service_flags_and_ports_are_templates(tmp_pat
         listen(spec, layout_for({}), a)
 
 
+def test_the_launch_check_parses_each_instances_own_argv(tmp_path: Path) -> None:
+    """What SGLang's parser is given per instance: the base args with the instance's overrides,
+    rendered for this host, and its own port (an override's flag is checked, not only the base's)."""
+    from fleetctl.release.launch_check import server_argv
+
+    spec = load_spec(pair(tmp_path))
+    layout = layout_for({"tp_size": 8, "base_port": 30001, "dist_init_addr": "10.0.0.1:5000"})
+    a, b = instances.of_spec(spec)
+    assert server_argv(spec, layout, b) == ["--model-path", "/m", "--dist-init-addr", "10.0.0.1:5000", "--tp", "4",
+                                            "--enable-metrics", "--host", "127.0.0.1", "--port", "30002"]
+    assert server_argv(spec, layout, a)[-6:] == ["--tp", "4", "--host", "127.0.0.1", "--port", "30001"]
+
+
 def test_single_instance_spec_is_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "one.yml"
     path.write_text('name: one\nversion: "1"\nbase: {adopt: /v}\nservice: {args: [--tp, "8"]}\n')

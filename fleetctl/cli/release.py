@@ -268,14 +268,18 @@ def remove_release(app: AppContext, release_id: str) -> int:
 @click.option("-n", "--lines", type=click.IntRange(1, 10000), default=50, show_default=True,
               help="How many of the last lines.")
 @click.option("--since", metavar="TIME", help="Only lines since TIME (journalctl's --since; systemd hosts).")
+@click.option("-f", "--follow", is_flag=True, help="Then print new lines as they arrive, each prefixed by its host "
+              "(and instance), until Ctrl-C. (The global -f, given before the command, is --forks.)")
 @host_options
 @click.pass_obj
-def logs(app: AppContext, instance: str | None, lines: int, since: str | None) -> int:
+def logs(app: AppContext, instance: str | None, lines: int, since: str | None, follow: bool) -> int:
     """The inference server's last log lines on every host (INSTANCE: only that server of a release with
     instances); identical lines gathered (like shell)."""
     from fleetctl import adhoc
     from fleetctl.release.logs import service_logs
 
+    if follow:
+        return follow_logs(app, instance, lines, since)
     with app.fleet(read_only=True) as fleet:
         results = fleet.map(lambda ctx: service_logs(ctx, lines, since, instance))
     if app.json:
@@ -284,3 +288,32 @@ def logs(app: AppContext, instance: str | None, lines: int, since: str | None) -
         render.print_blocks(adhoc.gather(results))
         render.console().print(render.summary_line(results))
     return exit_code_for(results)
+
+
+def follow_logs(app: AppContext, instance: str | None, lines: int, since: str | None) -> int:
+    """``logs --follow``: one line per log line as it arrives (``--json``: one JSON document per line);
+    a host whose stream ended gets one line on stderr. Ctrl-C: 130; every stream ended: 0, or 2 when
+    some host was lost or could not follow."""
+    import json
+    from contextlib import closing
+
+    from fleetctl.release.log_follow import follow
+
+    failed, ended = False, 0
+    try:
+        with app.fleet() as fleet, closing(follow(fleet, lines, since, instance)) as events:
+            for ev in events:  # the followers' channels live on this fleet's own connections
+                failed |= ev.lost
+                ended += ev.kind == "ended"
+                who = f"{ev.host}{' ' + ev.instance if ev.instance else ''}"
+                if app.json:
+                    click.echo(json.dumps({"host": ev.host, "instance": ev.instance, ev.kind: ev.text,
+                                           **({"lost": ev.lost} if ev.kind == "ended" else {})}))
+                elif ev.kind == "line":
+                    click.echo(f"{who}: {ev.text}")
+                else:
+                    others = " (following the others)" if ev.kind == "ended" and ended < len(fleet.contexts) else ""
+                    click.echo(f"fleetctl: {who}: {ev.text}{others}", err=True)
+    except KeyboardInterrupt:
+        return 130
+    return 2 if failed else 0

@@ -1,12 +1,13 @@
 """Launch arguments checked by the installed SGLang itself, before anything switches.
 
 Each host parses the release's server arguments (the spec's ``service.args`` plus the host and
-port fleetctl adds) with SGLang's own parser, in the venv that will serve them: the built
-release's venv on a deploy, the base venv with the patched files read from memory in ``--check``
-(so a flag a patch adds is known there too). A rejection is SGLang's own line. Where SGLang
-cannot be imported (a ``--no-deps`` venv without torch), the result says so: "launch args not
-validated: <why>", never a silent pass. The stand-in's own ``--standin-*`` flags are not SGLang's
-and are left out.
+port fleetctl adds; with instances, EACH instance's final argv: the base args with its overrides,
+rendered for this host, and its own port) with SGLang's own parser, imported once for them all,
+in the venv that will serve them: the built release's venv on a deploy, the base venv with the
+patched files read from memory in ``--check`` (so a flag a patch adds is known there too). A
+rejection is SGLang's own line, naming the instance. Where SGLang cannot be imported (a
+``--no-deps`` venv without torch), the result says so: "launch args not validated: <why>", never
+a silent pass. The stand-in's own ``--standin-*`` flags are not SGLang's and are left out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl.release import instances
+from fleetctl.release.instances import ServerInstance
 from fleetctl.release.service import HostLayout, launch_args, listen, without_standin
 from fleetctl.release.spec import ReleaseSpec
 from fleetctl.transport.base import HostSession
@@ -35,23 +38,26 @@ class LaunchCheck:
         return self.__dict__.copy()
 
 
-def server_argv(spec: ReleaseSpec, layout: HostLayout) -> list[str]:
-    """What SGLang's parser sees: the spec's args without the stand-in's, plus --host/--port."""
-    kept = without_standin(launch_args(spec, layout))
-    host, port = listen(spec, layout)
+def server_argv(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> list[str]:
+    """What SGLang's parser sees for one server: its args (an instance's: the base args with its
+    overrides) without the stand-in's, plus --host/--port."""
+    kept = without_standin(launch_args(spec, layout, inst))
+    host, port = listen(spec, layout, inst)
     return kept if {"--host", "--port"} & set(kept) else [*kept, "--host", host, "--port", str(port)]
 
 
 def check_launch_args(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
                       overlay: dict[str, str] | None = None) -> LaunchCheck:
-    answer = session.call("launch_args", {"argv": server_argv(spec, layout), "overlay": overlay or {}},
+    argvs = [[inst.name, server_argv(spec, layout, inst)] for inst in instances.of_spec(spec)]
+    answer = session.call("launch_args", {"argvs": argvs, "overlay": overlay or {}},
                           python=f"{venv}/bin/python", timeout=TIMEOUT_S)
     if not answer.get("validated"):
         return LaunchCheck(False, True, f"launch args not validated: {answer.get('why', 'unknown')}")
     if answer.get("ok"):
         return LaunchCheck(True, True, f"accepted by sglang {answer.get('sglang', '?')}'s parser "
                                        f"({answer.get('seconds', 0):g}s)")
-    return LaunchCheck(True, False, f"sglang {answer.get('sglang', '?')} rejects the launch args: "
+    of = f" of instance {answer['instance']}" if answer.get("instance") else ""
+    return LaunchCheck(True, False, f"sglang {answer.get('sglang', '?')} rejects the launch args{of}: "
                                     f"{answer.get('error', '')}")
 
 

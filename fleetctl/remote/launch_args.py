@@ -2,10 +2,12 @@
 # SGLang's own parser, in the venv that will serve them. Stdlib only, Python >= 3.8; runs as a child
 # under that venv's python (it imports the venv's sglang).
 #
-# params: argv (the server's arguments), overlay ({absolute .py path: source}, optional: patched
+# params: argv (the server's arguments), or argvs ([[instance, argv], ...]: each instance's own
+#         arguments, parsed in turn by the one parser; the first refused is answered), overlay ({absolute .py path: source}, optional: patched
 #         files read from memory instead of disk, so check mode validates what the release WILL
 #         hold without writing it).
-# answer: {"validated": true, "ok": bool, "error": "sglang serve: error: ...", "sglang": version,
+# answer: {"validated": true, "ok": bool, "error": "sglang serve: error: ...", "instance": the refused
+#          instance (argvs) or None, "checked": how many argv were parsed, "sglang": version,
 #          "parser": "sglang.srt.server_args.ServerArgs.add_cli_args", "seconds": s}
 #       | {"validated": false, "why": "..."}   (sglang's parser cannot be imported here)
 #
@@ -61,7 +63,9 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
 
 
 def main(params):
-    argv = [str(a) for a in params.get("argv") or []]
+    argvs = [[name, [str(a) for a in argv]] for name, argv in params.get("argvs") or []]
+    if not argvs:
+        argvs = [[None, [str(a) for a in params.get("argv") or []]]]
     overlay = params.get("overlay") or {}
     if overlay:
         sys.meta_path.insert(0, OverlayFinder(overlay))
@@ -79,16 +83,27 @@ def main(params):
         pass
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
+    ok, error, refused, checked = True, "", None, 0
+    for name, argv in argvs:  # every instance's own argv: an override may add a flag the base lacks
+        checked += 1
+        error = parse_error(parser, argv)
+        if error is not None:
+            ok, refused = False, name
+            break
+    return {"validated": True, "ok": ok, "error": error or "", "instance": refused, "checked": checked,
+            "sglang": version, "parser": "sglang.srt.server_args.ServerArgs.add_cli_args",
+            "seconds": round(time.monotonic() - start, 2)}
+
+
+def parse_error(parser, argv):
+    """SGLang's own last line for ``argv`` (``sglang serve: error: ...``), or None when it parses."""
     err = io.StringIO()
     saved, sys.stderr = sys.stderr, err
     try:
         parser.parse_args(argv)
-        ok, error = True, ""
+        return None
     except SystemExit:
-        ok = False
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
-        error = lines[-1] if lines else "rejected"
+        return lines[-1] if lines else "rejected"
     finally:
         sys.stderr = saved
-    return {"validated": True, "ok": ok, "error": error, "sglang": version,
-            "parser": "sglang.srt.server_args.ServerArgs.add_cli_args", "seconds": round(time.monotonic() - start, 2)}

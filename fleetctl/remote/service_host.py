@@ -120,18 +120,25 @@ def tail(path, lines=15):
 
 def logs(params, manager):
     """The server's last ``lines`` log lines: its journal under systemd (``since`` passed to
-    journalctl), else the supervisor's log file. Reads only."""
+    journalctl), else the supervisor's log file. Reads only. With ``follow``: no lines, but the
+    argv that prints them and then follows (``journalctl -f``; ``tail -F``, which survives the log
+    being replaced or truncated), for ``remote/log_follow.py`` to run."""
     lines = max(1, min(int(params.get("lines") or 50), 10000))
+    follow = bool(params.get("follow"))
     if manager == "systemd":
         unit = (params.get("name") or "sglang") + ".service"
         argv = ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "short-iso"]
         if params.get("since"):
             argv += ["--since", str(params["since"])]
+        if follow:
+            return {"source": "journal " + unit, "follow_argv": argv + ["-f"]}
         proc = run(argv, check=False)
         if proc.returncode != 0:
             raise RuntimeError("journalctl exited %d: %s" % (proc.returncode, proc.stderr.strip()[-300:]))
         return {"source": "journal " + unit, "lines": proc.stdout.splitlines()}
     log = paths(params)[1]
+    if follow:
+        return {"source": log, "exists": os.path.exists(log), "follow_argv": ["tail", "-F", "-n", str(lines), log]}
     return {"source": log, "lines": tail(log, lines), "exists": os.path.exists(log)}
 
 

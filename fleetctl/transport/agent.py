@@ -66,12 +66,26 @@ def bootstrap_command(interpreters: list[str]) -> str:
 
 @cache
 def _bootstrap_command(interpreters: tuple[str, ...]) -> str:  # built once per run, not per host
-    source, _ = module_source("agent")
+    return _under_first_python(_inline_code("agent", "fleetctl_agent"), interpreters)
+
+
+def stream_command(module: str, interpreters: list[str], params: Any) -> str:
+    """A shell line that runs ``stream_main(params)`` of remote ``module`` (inline, as the agent is)
+    under the first of ``interpreters`` that exists: a process of its own on its own channel, for
+    what streams for as long as it runs (``logs --follow``). ``__name__`` is ``fleetctl_<module>``,
+    so the process is recognisable on the host."""
+    call = f"stream_main(json.loads({json.dumps(params)!r}))"
+    return _under_first_python(f"import json;{_inline_code(module, 'fleetctl_' + module)};{call}",
+                               tuple(interpreters))
+
+
+def _inline_code(module: str, name: str) -> str:
+    source, _ = module_source(module)
     blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
-    code = (
-        "import zlib,binascii;__name__='fleetctl_agent';"
-        f"exec(zlib.decompress(binascii.a2b_base64('{blob}')))"
-    )
+    return f"import zlib,binascii;__name__='{name}';exec(zlib.decompress(binascii.a2b_base64('{blob}')))"
+
+
+def _under_first_python(code: str, interpreters: tuple[str, ...]) -> str:
     tries = " ".join(shlex.quote(p) for p in interpreters)
     return (
         f"for p in {tries}; do if command -v \"$p\" >/dev/null 2>&1; then "

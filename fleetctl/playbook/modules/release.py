@@ -45,6 +45,11 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
 
     assert args.spec is not None
     spec, loaded = _load(mc, args.spec)
+    from fleetctl.release.nodegroups import annotate
+
+    # A multi-node server's nnodes/node_rank/dist_init_addr, as `fleetctl deploy` gives them (the
+    # play's `serial_group_var` keeps the group in one batch).
+    annotate({mc.host: mc.session}, mc.run.inventory.hosts, spec.model.service.node_group)
     staging = args.state == "staged"
     result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder, stage_only=staging)
     data: dict[str, Any] = {k: v for k, v in result.to_dict().items() if k != "diffs"}
