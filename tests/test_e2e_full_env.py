@@ -9,7 +9,8 @@ sglang 0.5.9 copied over it by hand. Then, as an operator would: ``drift`` names
 (no --skip), ``probe symbol`` shows the definitions apart, ``venv overlay --from lab1`` brings
 lab2 level, ``drift --verify-files`` is clean, the plain release deploys onto both; launch args
 are judged by the installed SGLang's own parser before the switch (issue 17: a flag 0.5.23 rejects
-is refused in ``deploy --check`` and ``deploy``, the DDTree flag only after its patches); the DDTree
+is refused in ``deploy --check`` and ``deploy``, so is an instance's override SGLang does not know,
+the DDTree flag only after its patches); the DDTree
 release deploys onto both and rolls back. Everything this module made is removed at the end.
 """
 
@@ -107,6 +108,15 @@ def variant(spec: Path, path: Path, *extra: str) -> Path:
     return path
 
 
+def with_instances(spec: Path, path: Path, b_args: list[str]) -> Path:
+    """``spec`` served as two instances on lab1: a on its own port with --tp 4, b with ``b_args``."""
+    doc = yaml.safe_load(spec.read_text())
+    doc["service"]["instances"] = [{"name": "a", "port": 30021, "args": ["--tp", "4"]},
+                                   {"name": "b", "port": 30022, "args": b_args}]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def deployed(capsys: pytest.CaptureFixture[str], lab: LabHandle, spec: Path, rid: str) -> None:
     r = cli(capsys, lab, "-l", "lab1,lab2", "deploy", str(spec), "--json")
     assert r.rc == 0, r.out[-3000:] + r.err
@@ -119,12 +129,14 @@ def deployed(capsys: pytest.CaptureFixture[str], lab: LabHandle, spec: Path, rid
 
 
 def refused(capsys: pytest.CaptureFixture[str], lab: LabHandle, spec: Path, rejected: str, current: str,
-            *check: str) -> None:
+            *check: str, instance: str = "") -> None:
     """lab1 refuses ``spec`` with SGLang's own line, before the switch: ``current`` stays."""
     r = cli(capsys, lab, "-l", "lab1", "deploy", str(spec), *check, "--json")
     assert r.rc == 2, r.out[-3000:] + r.err
-    assert r.json()["hosts"]["lab1"]["reason"] == (f"sglang 0.5.23 rejects the launch args: sglang serve: error: "
-                                                   f"unrecognized arguments: {rejected}; nothing switched"), r.out
+    whose = f" of instance {instance}" if instance else ""
+    said = r.json()["hosts"]["lab1"]["reason"]
+    assert said == (f"sglang 0.5.23 rejects the launch args{whose}: sglang serve: error: unrecognized arguments: "
+                    f"{rejected}; nothing switched"), r.out
     assert lab.ssh("lab1", "readlink /opt/fleetctl/current").stdout.strip() == f"releases/{current}"
     left = lab.ssh("lab1", "ls /opt/fleetctl/releases").stdout.split()
     assert current in left and load_spec(spec).release_id not in left  # a refused release leaves no folder
@@ -189,6 +201,14 @@ def test_the_whole_story_on_the_full_environment(full_lab: LabHandle, capsys: py
     stale_flag = variant(PLAIN, tmp_path / "stale-flag.yml", "--mamba-scheduler-strategy", "extra_buffer")
     refused(capsys, lab, stale_flag, "--mamba-scheduler-strategy extra_buffer", plain, "--check")
     refused(capsys, lab, stale_flag, "--mamba-scheduler-strategy extra_buffer", plain)
+    # Each instance's own argv (base args + its overrides) goes through the parser too (issue 18).
+    good = with_instances(PLAIN, tmp_path / "pair-good.yml", ["--tp", "4", "--enable-metrics"])
+    r = cli(capsys, lab, "-l", "lab1", "deploy", str(good), "--check", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert r.json()["hosts"]["lab1"]["value"]["launch"]["detail"].startswith(ACCEPTED), r.out[-3000:]
+    sick = with_instances(PLAIN, tmp_path / "pair-sick.yml", ["--tp", "4", "--no-such-flag", "1"])
+    for check in (("--check",), ()):
+        refused(capsys, lab, sick, "--no-such-flag 1", plain, *check, instance="b")
     ddtree_flag = variant(PLAIN, tmp_path / "ddtree-flag.yml", "--speculative-ddtree-budget", "64")
     refused(capsys, lab, ddtree_flag, "--speculative-ddtree-budget 64", plain)  # unpatched: unknown
     r = cli(capsys, lab, "-l", "lab1", "deploy", str(DDTREE), "--check", "--json")  # patched files from memory
