@@ -313,3 +313,71 @@ def test_the_stream_carries_a_large_binary_from_its_file_and_lands_it_whole(tmp_
     with pytest.raises(EOFError), tarfile.open(fileobj=reader(bytes(payload[:2 << 20])), mode="r|") as tar:
         for member in tar:
             tar.extractfile(member).read()  # type: ignore[union-attr]
+
+
+def _target_run(venv: Path, plan: dict[str, Any], members: dict[str, bytes]) -> dict[str, Any]:
+    """overlay_target's stream command in ``venv``, fed as the controller feeds it over SSH: the
+    framed plan, then an uncompressed tar through a pipe (short reads, no end of input)."""
+    import io
+    import json
+    import subprocess
+    import tarfile
+
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w|") as tar:
+        for name, data in members.items():
+            item = tarfile.TarInfo(name)
+            item.size, item.mode = len(data), 0o644
+            tar.addfile(item, io.BytesIO(data))
+    body = json.dumps(plan).encode()
+    command = core.stream_command("overlay_target", str(venv / "bin" / "python"))
+    proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(struct.pack(">I", len(body)) + body + tar_bytes.getvalue())
+    proc.stdin.flush()  # left open: the controller closes its side only after the answer
+    out = b""
+    while b"@@FLEETCTL-JSON-END@@" not in out:
+        chunk = proc.stdout.read1(1 << 16)
+        assert chunk, out
+        out += chunk
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    return json.loads(out.split(b"@@FLEETCTL-JSON-BEGIN@@")[1].split(b"@@FLEETCTL-JSON-END@@")[0])
+
+
+def test_the_target_checks_each_file_against_the_sources_hash_and_caches_it(tmp_path: Path) -> None:
+    """A file lands only with the hash the source listed; its hash goes into the target's overlay
+    cache, so the next listing only stats it. A file that changed on the source between its listing
+    and the stream is refused, nothing of it in place."""
+    import json
+    import subprocess
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    good, listed = b"X = 1\n", b"X = 2\n"
+    info = "tiny-1.0.dist-info"
+    meta = {f"{info}/METADATA": b"Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n",
+            f"{info}/RECORD": f"tiny.py,sha256={sha(good)},6\n{info}/METADATA,,\n{info}/RECORD,,\n".encode()}
+
+    def plan(digest: str) -> dict[str, Any]:
+        return {"expect": ["tiny.py", *meta], "remove": [], "remove_dist_infos": [],
+                "new_dist_infos": {info: list(meta)}, "level": 0,
+                "state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path / "cache"),
+                "manifest": {"schema": 1, "source_host": "src", "source_venv": "/v", "target_venv": str(venv),
+                             "time": "now", "dists": [{"name": "tiny", "version": "1.0", "old_version": None,
+                                                       "action": "add", "dist_info": info,
+                                                       "files": {"tiny.py": digest}}]}}
+
+    changed = _target_run(venv, plan(sha(listed)), {"tiny.py": good, **meta})
+    assert changed["ok"] is False and changed["error"] == (
+        f"ChangedAtSource: tiny.py arrived with sha256 {sha(good)}, not the {sha(listed)} the source listed: it "
+        "changed on the source during the transfer; run again"), changed
+    assert not (site / "tiny.py").exists() and not list(site.rglob("*.fleetctl-tmp*"))
+    done = _target_run(venv, plan(sha(good)), {"tiny.py": good, **meta})
+    assert done["ok"] is True and done["result"]["written"] == 3, done
+    assert (site / "tiny.py").read_bytes() == good
+    (cached,) = (tmp_path / "cache").glob("overlay-*.json")
+    st = (site / "tiny.py").stat()
+    assert json.loads(cached.read_text())[str(site / "tiny.py")] == [st.st_size, st.st_mtime_ns, st.st_ino,
+                                                                     sha(good), None]

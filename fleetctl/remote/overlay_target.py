@@ -17,6 +17,7 @@
 #     JSON answer on stdout. With a "direct" entry in the plan the target does not read the tar
 #     from stdin: it runs the given ssh argv itself (the source host's own overlay_source stream
 #     command), sends it the source's params and reads the framed stream from its stdout.
+import base64
 import contextlib
 import email.parser
 import errno
@@ -171,6 +172,25 @@ class Decompressor(object):
             self.fill()
 
 
+class HashingReader(object):
+    """A file object's bytes as they are copied, with their sha256 (RECORD's urlsafe form)."""
+
+    def __init__(self, content):
+        self.content, self.h = content, hashlib.sha256()
+
+    def read(self, size=-1):
+        data = self.content.read(size)
+        self.h.update(data)
+        return data
+
+    def digest(self):
+        return base64.urlsafe_b64encode(self.h.digest()).rstrip(b"=").decode("ascii")
+
+
+class ChangedAtSource(IOError):
+    """A file's bytes differ from the hash the source's listing gave: it changed mid-overlay."""
+
+
 class Applier(object):
     """Applies one plan in a crash-safe order; every step can be redone by a re-run."""
 
@@ -180,6 +200,12 @@ class Applier(object):
         self.site, self.prefix = self.info["site"], self.info["prefix"]
         self.journal = journal_path(self.prefix, plan.get("state_dir"))
         self.written, self.removed, self.meta = 0, 0, []
+        # What the source listed for each file: a landed file is checked against it, and its hash
+        # goes into this host's overlay hash cache (the next listing of it then only stats it).
+        self.expected = dict((os.path.normpath(rel), digest) for d in (plan.get("manifest") or {}).get("dists", [])
+                             for rel, digest in d.get("files", {}).items())
+        self.cache = HashCache(user_cache_dir(plan.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"),
+                               self.prefix)
 
     def path(self, rel, strict=True):
         path = os.path.normpath(os.path.join(self.site, rel))
@@ -217,7 +243,19 @@ class Applier(object):
         if rel.split("/", 1)[0].endswith(".dist-info"):
             self.meta.append((rel, path, content.read(), member.mode, member.mtime))  # written last, see apply()
             return
-        atomic_write(path, content, member.mode, member.mtime)
+        hashing = HashingReader(content)
+        tmp = write_temp(path, hashing, member.mode, member.mtime)
+        digest, want = hashing.digest(), self.expected.get(rel)
+        if want is not None and digest != want:
+            discard(tmp)
+            raise ChangedAtSource("%s arrived with sha256 %s, not the %s the source listed: it changed on the "
+                                  "source during the transfer; run again" % (rel, digest, want))
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            discard(tmp)
+            raise
+        self.cache.store(path, os.stat(path), digest, None)
         drop_bytecode(path)
         self.written += 1
         if self.plan.get("throttle_s"):
@@ -434,12 +472,14 @@ def apply(plan, read):
                     received.add(os.path.normpath(member.name))
         source.finish()
     except (IOError, OSError) as exc:
+        applier.cache.save()  # what landed whole is known, whatever stopped the rest
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         applier.clear_leftovers()  # the journal stays: the next run knows this one did not finish
         raise DiskFull("no space left on device in %s (writing %s); temporary files removed, %d files written "
                        "(each whole), the old dist-info still in place: run again when there is room"
                        % (applier.prefix, member.name if member is not None else "?", applier.written))
+    applier.cache.save()
     missing = sorted(set(os.path.normpath(r) for r in plan["expect"]) - received)
     if missing:
         raise IOError("the stream lacked %d files, e.g. %s" % (len(missing), missing[0]))
