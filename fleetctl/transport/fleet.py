@@ -146,14 +146,14 @@ class Fleet:
 
             self._prepare([self.contexts[n] for n in order])
             stream = spread_map([self.contexts[n] for n in order], fn, self.settings.forks, processes,
-                                self._one, _close_quietly)
+                                self.run_one, _close_quietly)
             spread = dict(zip(order, stream, strict=True))
             self._mapped = True  # a later pass runs here (and keeps its connections for the one after)
             return spread
         self._mapped = True
         workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
-            results = list(pool.map(lambda n: self._one(self.contexts[n], fn), order))
+            results = list(pool.map(lambda n: self.run_one(self.contexts[n], fn), order))
         return dict(zip(order, results, strict=True))
 
     def _processes(self, hosts: int) -> int:
@@ -179,7 +179,8 @@ class Fleet:
             if isinstance(ctx.agent, AgentClient):
                 bootstrap_command(ctx.agent.interpreters)
 
-    def _one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+    def run_one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+        """``fn`` on one host, its outcome as a ``HostResult`` (an unreachable host stays skipped)."""
         if ctx.unreachable:
             return HostResult(ctx.name, Status.UNREACHABLE, reason=ctx.unreachable)
         try:
