@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -282,13 +282,21 @@ class MuxAgentClient:
 
 
 def target_doc(target: SSHTarget) -> dict[str, Any]:
-    doc = json.loads(json.dumps(asdict(target), default=str))  # nested jump targets become dicts too
-    hop: dict[str, Any] | None = doc
-    while hop:  # the server runs in /: a path relative to this command's folder must not change meaning
-        hop["known_hosts"] = os.path.abspath(hop["known_hosts"])
-        hop["key_files"] = [os.path.abspath(k) for k in hop.get("key_files") or ()]
-        hop = hop.get("jump")
+    """``target`` as the server rebuilds it; paths absolute (the server runs in /). Field by field,
+    not ``asdict``: its deep copies were most of a kept-connection command's CPU per host."""
+    doc: dict[str, Any] = {name: getattr(target, name) for name in _target_fields()}
+    doc["known_hosts"] = os.path.abspath(target.known_hosts)
+    doc["key_files"] = [os.path.abspath(k) for k in target.key_files]
+    doc["jump"] = target_doc(target.jump) if target.jump is not None else None
+    doc["become"] = asdict(target.become) if target.become is not None else None
     return doc
+
+
+@cache
+def _target_fields() -> tuple[str, ...]:
+    from fleetctl.transport.target import SSHTarget
+
+    return tuple(f.name for f in fields(SSHTarget))
 
 
 def target_from_doc(doc: dict[str, Any]) -> SSHTarget:

@@ -13,6 +13,7 @@ the same host-key checks, a dead kept connection replaced before its ping, per-h
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +50,7 @@ def ping_kept(fleet: Fleet, one: Callable[[HostContext], T],
     if kept:
         answers = _ask_many([fleet.contexts[n] for n in kept], fleet.settings.persist, fleet.settings.forks)
         for name, answer in zip(kept, answers, strict=True):
-            results[name] = fleet.run_one(fleet.contexts[name], lambda ctx, a=answer: _value(ctx, a, made))
+            results[name] = fleet.run_one(fleet.contexts[name], functools.partial(_value, answer=answer, made=made))
     return {n: results[n] for n in order}
 
 
