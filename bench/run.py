@@ -12,9 +12,11 @@ of one job alternating within each round, after a warm-up round:
   release            fleetctl only, on the smallest lab: deploy of the example release, rollback
 
 The peers (ansible-core, pyinfra) are installed by bench/peers.py into .cache/bench-peers/. Writes
-bench/results.md and bench/results.json (--out STEM: STEM.md and STEM.json); takes the lab down at the end, also on error.
+bench/results.md and bench/results.json (--out STEM: STEM.md and STEM.json); takes the lab down at
+the end, also on error.
 
-    .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5] [--jobs ping,inventory,search,drift,release] [--out STEM]
+    .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5] [--jobs ping,inventory,search,drift,release]
+                                  [--out STEM]
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ LAB_DIR = ROOT / ".fleetctl" / "bench-lab"
 # A second octet per checkout (as the tests' labs): two checkouts benchmarking at once never share addresses.
 BASE = f"127.{100 + int(hashlib.sha256(str(ROOT).encode()).hexdigest(), 16) % 100}.90.0"
 # Above this many hosts only ping runs, beside parallel OpenSSH (curve25519, and its ControlPersist
-# masters for the kept-connection row) and pyinfra (issue 23): ansible-core and the OpenSSH default kex would take most of the bench's time there.
+# masters for the kept-connection row) and pyinfra (issue 23): ansible-core and the OpenSSH default
+# kex would take most of the bench's time there.
 LARGE = 64
 VENV = "/root/ml-env"
 VENV_PY = f"{VENV}/bin/python"
