@@ -176,10 +176,11 @@ def fresh_targets(fleet: dict[str, dict[str, dict[str, list[float]]]],
     return found
 
 
-def write(doc: dict[str, Any]) -> str:
-    """Write results.json (raw samples) and results.md; return the markdown."""
+def write(doc: dict[str, Any], stem: Path | None = None) -> str:
+    """Write STEM.json (raw samples) and STEM.md (default bench/results); return the markdown."""
+    stem = stem or HERE / "results"
     m = doc["machine"]
-    (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")  # the samples first, whatever follows
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")  # the samples first, whatever follows
     doc["targets"] = targets(doc["fleet"], doc.get("client_cpu_s")) if doc["fleet"] else []
     during = "; ".join(f"after {n} hosts {_load(v)}" for n, v in doc.get("load_during", {}).items())
     md = [
@@ -192,7 +193,7 @@ def write(doc: dict[str, Any]) -> str:
         f"{_load(doc['load_after'])}. The machine is shared: the lab hosts, every client and anything else",
         "  running compete for the same CPUs, so compare tools within one table (measured in the same rounds).",
         f"- hosts: {', '.join(doc['fleet'])} lab sshd hosts (127.N.90.x, N from the checkout's path; each in its own"
-        " mount + UTS namespace); above 64 hosts only ping runs, beside openssh-x25519 and pyinfra",
+        " mount + UTS namespace); above 64 hosts only ping runs, beside openssh-x25519, openssh-persist and pyinfra",
         f"- {doc['runs']} timed runs per command after {doc['warmup']} warm-up round, the tools of a job"
         " alternating within each round; every sample checked (exit status, every host's answer)",
         f"- reproduce: `{doc['command']}` (took {doc['elapsed_s']} s in all, lab set-up included)", "",
@@ -250,6 +251,6 @@ def write(doc: dict[str, Any]) -> str:
     if growth:
         md += ["## Growth with the host count (medians)", "", *growth, ""]
     text = "\n".join(md)
-    (HERE / "results.md").write_text(text)
-    (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(text)
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     return text

@@ -5,16 +5,18 @@ For each host count it starts its own lab (.fleetctl/bench-lab on 127.0.90.x), g
 of one job alternating within each round, after a warm-up round:
 
   ping               fleetctl ping | ssh HOST python3 - < scripts/ping.py (x2 kex) | ansible | pyinfra
-                     (above 64 hosts: ping only, beside ssh with curve25519 and pyinfra)
+                     (above 64 hosts: ping only, beside ssh with curve25519, with ControlPersist, and pyinfra)
   version inventory  fleetctl drift --venv V | the same with scripts/inventory.py under V's python
   source search      fleetctl probe grep ... --package sglang --subpath srt | scripts/search.py
   drift              fleetctl only: versions and --verify-files, first run (host caches cleared) and second
   release            fleetctl only, on the smallest lab: deploy of the example release, rollback
 
 The peers (ansible-core, pyinfra) are installed by bench/peers.py into .cache/bench-peers/. Writes
-bench/results.md and bench/results.json; takes the lab down at the end, also on error.
+bench/results.md and bench/results.json (--out STEM: STEM.md and STEM.json); takes the lab down at
+the end, also on error.
 
     .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5] [--jobs ping,inventory,search,drift,release]
+                                  [--out STEM]
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_up  # noqa: E402
 LAB_DIR = ROOT / ".fleetctl" / "bench-lab"
 # A second octet per checkout (as the tests' labs): two checkouts benchmarking at once never share addresses.
 BASE = f"127.{100 + int(hashlib.sha256(str(ROOT).encode()).hexdigest(), 16) % 100}.90.0"
-# Above this many hosts only the fresh-connection ping runs, beside parallel OpenSSH (curve25519) and
-# pyinfra (issue 23): ansible-core and the OpenSSH default kex would take most of the bench's time there.
+# Above this many hosts only ping runs, beside parallel OpenSSH (curve25519, and its ControlPersist
+# masters for the kept-connection row) and pyinfra (issue 23): ansible-core and the OpenSSH default
+# kex would take most of the bench's time there.
 LARGE = 64
 VENV = "/root/ml-env"
 VENV_PY = f"{VENV}/bin/python"
@@ -258,7 +261,7 @@ class Lab:
 
         peers_ = self.peer_jobs("ping", SYS_PY, '"python_version": ', expect)
         if self.count > LARGE:
-            peers_ = {k: v for k, v in peers_.items() if k in ("openssh-x25519", "pyinfra")}
+            peers_ = {k: v for k, v in peers_.items() if k in ("openssh-x25519", "openssh-persist", "pyinfra")}
         return {"fleetctl": self.fleetctl(["ping"], json_summary("ok", self.count)),
                 "fleetctl-persist": self.fleetctl(["ping"], json_summary("ok", self.count), persist=True),
                 **peers_}
@@ -366,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts", type=host_counts, default=[8, 32, 200], help="host counts (default 8,32,200)")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per command after 1 warm-up (>= 5)")
     ap.add_argument("--jobs", default=",".join(ALL_JOBS), help=f"which jobs (default {','.join(ALL_JOBS)})")
+    ap.add_argument("--out", type=Path, default=HERE / "results", metavar="STEM",
+                    help="write STEM.md and STEM.json (default bench/results)")
     ap.add_argument("--quick", action="store_true", help="allow --runs below 5 (harness debugging only)")
     args = ap.parse_args(argv)
     if args.runs < 5 and not args.quick:
@@ -395,8 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     doc["load_at"] = load_at
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     doc["load_after"] = os.getloadavg()
-    print(report.write(doc))
-    print(f"(took {doc['elapsed_s']}s; wrote {HERE / 'results.md'} and {HERE / 'results.json'})")
+    stem = args.out.with_suffix("") if args.out.suffix in (".md", ".json") else args.out
+    print(report.write(doc, stem))
+    print(f"(took {doc['elapsed_s']}s; wrote {stem.with_suffix('.md')} and {stem.with_suffix('.json')})")
     return 0
 
 

@@ -34,6 +34,11 @@ def _ping_one(ctx: HostContext) -> PingInfo:
 
 
 def ping(fleet: Fleet) -> dict[str, HostResult[PingInfo]]:
+    if fleet.settings.persist > 0:  # kept connections: the whole fleet in one request to their server
+        from fleetctl.transport.mux_batch import ping_kept
+
+        return ping_kept(fleet, _ping_one, lambda info, connect_ms, rtt_ms: PingInfo(
+            info.hostname, info.python, info.version, connect_ms, rtt_ms, info.user))
     return fleet.map(_ping_one)
 
 

@@ -151,3 +151,23 @@ def test_the_server_closes_everything_after_its_idle_time(lab_fleet: LabHandle, 
         time.sleep(0.1)
     assert not mux.socket_path(mux_dir).exists(), "the server outlived its idle time"
     assert wait_gone([int(pid)]) == [], "the host's agent outlived the server"
+
+
+def test_a_fleet_ping_gives_every_host_its_own_result_and_reopens_a_dead_one(
+    lab_fleet: LabHandle, mux_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    inv = str(lab_fleet.inventory_path)
+    first = _agent_pids(lab_fleet.inventory_path)
+    os.kill(first["lab1"], signal.SIGKILL)  # lab1's kept agent dies between commands
+    assert wait_gone([first["lab1"]]) == []
+    with lab_fleet.stop("lab2"):  # lab2 goes down with its kept connection
+        r = run_cli(capsys, "-i", inv, "--persist", "30", "ping", "--json")
+    assert r.rc == 2, r.err
+    hosts = r.json()["hosts"]
+    assert list(hosts) == sorted(lab_fleet.hosts)  # in host order, one entry each
+    assert hosts["lab1"]["status"] == "ok" and hosts["lab1"]["value"]["hostname"] == "lab1"
+    assert hosts["lab2"]["status"] == "unreachable" and "127." in hosts["lab2"]["reason"], hosts["lab2"]
+    assert all(hosts[h]["status"] == "ok" for h in lab_fleet.hosts if h not in ("lab1", "lab2"))
+    again = _agent_pids(lab_fleet.inventory_path, "lab1,lab3")
+    assert again["lab1"] != first["lab1"]  # re-opened before its ping, not reported dead
+    assert again["lab3"] == first["lab3"]  # the others stayed kept

@@ -165,3 +165,25 @@ def test_an_unreadable_or_broken_ssh_config_names_the_file(tmp_path: Path) -> No
     loaded = ssh_config.load(bad, tmp_path / "none")
     with pytest.raises(InputError, match=rf"^{bad}: host 'a': Port 'notaport' is not 1-65535$"):
         ssh_config.lookup("a", loaded)
+
+
+STOCK = """\
+# Debian's /etc/ssh/ssh_config, as shipped
+Host *
+    SendEnv LANG LC_*
+    HashKnownHosts yes
+    GSSAPIAuthentication yes
+"""
+
+
+def test_a_config_setting_nothing_fleetctl_reads_gives_what_paramiko_would(tmp_path: Path) -> None:
+    import paramiko
+
+    stock = ssh_config.parse(STOCK, "stock")  # read without paramiko: a shorter start for every command
+    by_paramiko = ssh_config.LoadedConfig(paramiko.SSHConfig.from_text(STOCK), "stock")
+    for name in ("gpu7", "10.0.0.7"):
+        assert ssh_config.lookup(name, stock) == ssh_config.lookup(name, by_paramiko)
+    # One keyword fleetctl reads, in any case or spelling, and the whole file counts as ssh reads it.
+    assert ssh_config.lookup("gpu7", ssh_config.parse(STOCK + "    port=2200\n", "stock")).port == 2200
+    matched = ssh_config.parse("Match host gpu*\n  User fleetop\n" + STOCK, "stock")
+    assert ssh_config.lookup("gpu7", matched).user == "fleetop"

@@ -49,13 +49,17 @@ class AppContext:
                                   "connect": self.connect or ConnectOptions(), **overrides}
         return RunSettings(**fields)
 
-    def fleet(self, limit: str | None = None, *, read_only: bool = False) -> Fleet:
+    def fleet(self, limit: str | None = None, *, read_only: bool = False, in_venv: str | bool = False) -> Fleet:
         """The selected hosts' fleet. Only ``read_only`` commands use kept connections (``--persist``):
-        a change always runs on connections of its own, so nothing it holds outlives it."""
+        a change always runs on connections of its own, so nothing it holds outlives it.
+        ``in_venv``: the command works in this venv (True: each host's venv var), so the agents
+        start under its python (``RunSettings.agent_in_venv``)."""
         from fleetctl.transport.fleet import Fleet
 
         persist = self.persist if read_only else 0.0
         # A read-only command's fan-out is one pass: over many fresh connections, spread over worker
         # processes (transport/spread.py); a change keeps every host's connection in this process.
-        settings = self.run_settings(persist=persist, workers=0 if read_only and not persist else 1)
+        settings = self.run_settings(persist=persist, workers=0 if read_only and not persist else 1,
+                                     agent_in_venv=bool(in_venv),
+                                     venv=in_venv if isinstance(in_venv, str) else None)
         return Fleet(self.inventory, self.selected_hosts(limit), settings)

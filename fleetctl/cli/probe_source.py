@@ -58,7 +58,7 @@ def grep(app: AppContext, terms: tuple[str, ...], package: str, subpath: str | N
     """
     request = GrepRequest(terms, package, subpath, ignore_case, regex, max_hits, context, venv)
     request.validate()
-    with app.fleet(read_only=True) as fleet:
+    with app.fleet(read_only=True, in_venv=venv or True) as fleet:
         results = run_grep(fleet, request)
     rows = count_matrix(results, request.terms)
     if app.json:
@@ -90,7 +90,7 @@ def symbol(app: AppContext, name: str, package: str, subpath: str | None, venv: 
     """
     request = SymbolRequest(name, package, subpath, venv)
     request.validate()
-    with app.fleet(read_only=True) as fleet:
+    with app.fleet(read_only=True, in_venv=venv or True) as fleet:
         results = run_symbol(fleet, request)
     if app.json:
         render.emit_json(render.results_json(results, lambda v: v.to_dict()))

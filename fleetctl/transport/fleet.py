@@ -42,6 +42,12 @@ class RunSettings:
     # Worker processes for a fan-out over many hosts (transport/spread.py): 1 none, 0 one per core.
     # Only for commands whose fan-out is one pass of read-only work (their CLI says so).
     workers: int = 1
+    # A read-only command that works in a venv (drift, probe grep): each host's agent starts under
+    # that venv's python when the host has it, so its calls need no child interpreter (issue 23).
+    # ``venv``: the --venv given (None: each host's ``venv`` var). Fresh connections only: the
+    # persistent-connection server already keeps an agent per interpreter.
+    agent_in_venv: bool = False
+    venv: str | None = None
 
 
 def interpreters(spec: ConnectionSpec) -> list[str]:
@@ -99,7 +105,17 @@ def _agent(host: Host, connector: Connector, settings: RunSettings) -> AgentClie
         from fleetctl.transport.mux import MuxAgentClient
 
         return MuxAgentClient(host.name, target, interpreters(host.connection), settings.persist)
-    return AgentClient(host.name, connector, interpreters(host.connection))
+    return AgentClient(host.name, connector, agent_interpreters(host, settings))
+
+
+def agent_interpreters(host: Host, settings: RunSettings) -> list[str]:
+    """``interpreters``, with the command's venv python first where the command works in a venv."""
+    found = interpreters(host.connection)
+    venv = (settings.venv or host.vars.get("venv")) if settings.agent_in_venv else None
+    if not venv:
+        return found
+    python = f"{str(venv).rstrip('/')}/bin/python"  # as probes.probe_python names it
+    return [python, *(p for p in found if p != python)]
 
 
 def make_connector(inventory: Inventory, host: Host, settings: RunSettings) -> Connector:
@@ -146,14 +162,14 @@ class Fleet:
 
             self._prepare([self.contexts[n] for n in order])
             stream = spread_map([self.contexts[n] for n in order], fn, self.settings.forks, processes,
-                                self._one, _close_quietly)
+                                self.run_one, _close_quietly)
             spread = dict(zip(order, stream, strict=True))
             self._mapped = True  # a later pass runs here (and keeps its connections for the one after)
             return spread
         self._mapped = True
         workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
-            results = list(pool.map(lambda n: self._one(self.contexts[n], fn), order))
+            results = list(pool.map(lambda n: self.run_one(self.contexts[n], fn), order))
         return dict(zip(order, results, strict=True))
 
     def _processes(self, hosts: int) -> int:
@@ -179,7 +195,8 @@ class Fleet:
             if isinstance(ctx.agent, AgentClient):
                 bootstrap_command(ctx.agent.interpreters)
 
-    def _one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+    def run_one(self, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+        """``fn`` on one host, its outcome as a ``HostResult`` (an unreachable host stays skipped)."""
         if ctx.unreachable:
             return HostResult(ctx.name, Status.UNREACHABLE, reason=ctx.unreachable)
         try:

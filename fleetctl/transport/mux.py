@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,7 @@ MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
-_SERVER_CODE = (_HERE / "mux.py", _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
+_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_batch.py", _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
                 _HERE.parent / "remote" / "agent.py")
 
 
@@ -282,8 +282,21 @@ class MuxAgentClient:
 
 
 def target_doc(target: SSHTarget) -> dict[str, Any]:
-    doc = asdict(target)  # nested jump targets become dicts too
-    return json.loads(json.dumps(doc, default=str))
+    """``target`` as the server rebuilds it; paths absolute (the server runs in /). Field by field,
+    not ``asdict``: its deep copies were most of a kept-connection command's CPU per host."""
+    doc: dict[str, Any] = {name: getattr(target, name) for name in _target_fields()}
+    doc["known_hosts"] = os.path.abspath(target.known_hosts)
+    doc["key_files"] = [os.path.abspath(k) for k in target.key_files]
+    doc["jump"] = target_doc(target.jump) if target.jump is not None else None
+    doc["become"] = asdict(target.become) if target.become is not None else None
+    return doc
+
+
+@cache
+def _target_fields() -> tuple[str, ...]:
+    from fleetctl.transport.target import SSHTarget
+
+    return tuple(f.name for f in fields(SSHTarget))
 
 
 def target_from_doc(doc: dict[str, Any]) -> SSHTarget:
@@ -356,6 +369,7 @@ class KeptHost:
         self.lock = threading.Lock()  # guards ``others``
         self.last_used = time.monotonic()
         self.users = 0
+        self.checked = False  # the last attach found it kept and checked it with one round trip
 
     def agent_for(self, python: str | None) -> tuple[AgentClient, str | None]:
         """The agent that runs a call under ``python`` itself, or the main agent and a child python."""
@@ -462,6 +476,11 @@ class MuxServer:
                 msg = recv_frame(conn)
                 if msg is None:
                     return
+                if msg.get("op") == "ping_many":  # a whole fleet's ping: one frame back per host
+                    from fleetctl.transport.mux_batch import serve_ping_many
+
+                    serve_ping_many(self, conn, msg)
+                    continue
                 try:
                     result, kept = self._handle(msg, kept, fresh)
                     send_frame(conn, {"ok": True, "result": result})
@@ -469,7 +488,7 @@ class MuxServer:
                     if not isinstance(exc, FleetError):
                         log.exception("request failed")
                     if isinstance(exc, ConnectError | AgentError) and kept is not None:
-                        self._forget(kept)
+                        self.forget(kept)
                         kept = None
                     send_frame(conn, {"ok": False, "error": error_payload(exc)})
         except (OSError, EOFError, ValueError):
@@ -487,16 +506,14 @@ class MuxServer:
                 fresh: set[tuple[int, str]]) -> tuple[Any, KeptHost | None]:
         op = msg.get("op")
         if op == "attach":
-            kept = self._attach(msg)
+            kept = self.attach(msg)
             assert kept.main.info is not None
             return asdict(kept.main.info), kept
         if op == "list":
             return self._list(), kept
         if op == "detach":  # the command is done with this host: `connections list` shows it idle at once
             if kept is not None:
-                with self.lock:
-                    kept.users -= 1
-                    kept.last_used = time.monotonic()
+                self.release(kept)
             return None, None
         if op == "stop":
             held = self.close_all()
@@ -515,7 +532,7 @@ class MuxServer:
                               source=(msg["source"], msg["hash"]), fresh=first), kept
         raise ValueError(f"unknown op {op!r}")
 
-    def _attach(self, msg: dict[str, Any]) -> KeptHost:
+    def attach(self, msg: dict[str, Any]) -> KeptHost:
         host, target, interpreters = msg["host"], msg["target"], list(msg["interpreters"])
         self.persist = max(self.persist, float(msg.get("persist") or 0))
         key = entry_key(host, target, interpreters)
@@ -528,15 +545,22 @@ class MuxServer:
             was_kept = kept.main.info is not None
             try:
                 kept.main.ping(kept.connector.target.connect_timeout)  # starts it, or checks a kept one
+                kept.checked = was_kept
                 return kept
             except Exception as exc:
-                self._forget(kept)
+                self.forget(kept)
                 if not was_kept or not isinstance(exc, AgentError | ConnectError):
                     raise
                 # It went away while kept (host rebooted, sshd restarted): a new connection,
                 # before this command sent any request.
 
-    def _forget(self, kept: KeptHost) -> None:
+    def release(self, kept: KeptHost) -> None:
+        """One command is done with ``kept`` (it stays kept)."""
+        with self.lock:
+            kept.users -= 1
+            kept.last_used = time.monotonic()
+
+    def forget(self, kept: KeptHost) -> None:
         with self.lock:
             for key, value in list(self.hosts.items()):
                 if value is kept:

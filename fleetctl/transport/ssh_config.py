@@ -24,6 +24,12 @@ SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
 MAX_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 _INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.I)
 _BLOCK = re.compile(r"^\s*(host|match)(?:\s*=\s*|\s+)", re.I)
+_SETTING = re.compile(r"(\w+)(?:\s*=\s*|\s+)(.+)")  # paramiko's; a line it cannot parse goes to it
+# The keywords lookup() reads, or that change what it reads (Match, canonicalization): a config
+# setting none of them gives every name the defaults, as Debian's stock /etc/ssh/ssh_config does.
+_READ = frozenset({"hostname", "user", "port", "identityfile", "identitiesonly", "proxyjump", "proxycommand",
+                   "match", "canonicalizehostname", "canonicaldomains", "canonicalizemaxdots",
+                   "canonicalizefallbacklocal", "canonicalizepermittedcnames"})
 
 
 @dataclass(frozen=True)
@@ -82,11 +88,24 @@ def _split_words(value: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LoadedConfig:
-    parsed: Any  # paramiko.SSHConfig
+    parsed: Any  # paramiko.SSHConfig, or None: the files set nothing lookup() reads
     sources: str  # the files read, for messages
 
 
+def _sets_nothing_read(text: str) -> bool:
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        found = _SETTING.match(line)
+        if found is None or found.group(1).lower() in _READ:
+            return False
+    return True
+
+
 def parse(text: str, sources: str) -> LoadedConfig:
+    if _sets_nothing_read(text):  # no paramiko import: a third of a short command's start (issue 23)
+        return LoadedConfig(None, sources)
     import paramiko
 
     try:
@@ -110,6 +129,8 @@ def load(user_path: Path | None, system_path: Path = SYSTEM_CONFIG) -> LoadedCon
 def lookup(name: str, config: LoadedConfig | None = None) -> SSHConfigEntry:
     """ssh_config's settings for the destination ``name`` (a host alias or address)."""
     config = config if config is not None else load(user_config_path())
+    if config.parsed is None:
+        return SSHConfigEntry(hostname=name, source=config.sources)
     try:
         found = config.parsed.lookup(name)
     except Exception as exc:  # Match exec failing, a bad token: one line naming the files
