@@ -65,3 +65,22 @@ def test_worker_count(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker_count(200, 0) == 1
     monkeypatch.setenv("FLEETCTL_WORKERS", "3")
     assert worker_count(2, 0) == 2
+
+
+def test_connections_offer_aes_gcm_first_and_keep_paramikos_set() -> None:
+    """AES-GCM leads the cipher offer (one pass, no separate MAC: cheaper for the overlay's bulk
+    streams); nothing is added or dropped, so a server without it negotiates as before."""
+    import socket
+
+    import paramiko
+
+    from fleetctl.transport import ssh
+
+    left, right = socket.socketpair()
+    try:
+        offered = ssh._transport(left).get_security_options().ciphers
+        assert offered[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+        assert sorted(offered) == sorted(paramiko.Transport(right).get_security_options().ciphers)
+    finally:
+        left.close()
+        right.close()

@@ -118,13 +118,32 @@ def _tried(target: SSHTarget) -> str:
     return ", ".join(ways) or "no key"
 
 
+# AES-GCM first (as OpenSSH orders them after chacha20): one pass, no separate HMAC; paramiko
+# lists it last. Measured on the lab (400 MB through one channel): 2.5 s of controller CPU with
+# aes128-ctr + hmac-sha2-256, 2.0 s with aes128-gcm. Servers without it get paramiko's own order.
+GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+# Bulk streams (the overlay's tar): the server may send packets up to 256 KB into a 16 MB window
+# (paramiko's defaults, 32 KB and 2 MB, cost a Python round per 32 KB): 1.4 s instead of 2.0 s.
+STREAM_WINDOW, STREAM_PACKET = 16 << 20, (256 << 10) - 1024
+
+
+def _transport(sock: Any, **kwargs: Any) -> Any:
+    import paramiko
+
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    options.ciphers = (*[c for c in GCM_FIRST if c in options.ciphers],
+                       *[c for c in options.ciphers if c not in GCM_FIRST])
+    return transport
+
+
 def _connection(host: str, target: SSHTarget) -> Any:
     from fabric import Config, Connection
 
     gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
     kwargs: dict[str, Any] = {
         "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
-        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent,
+        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent, "transport_factory": _transport,
         **client_keys.auth_kwargs(target.key_files, target.passphrase if target.passphrase is not None
                                   else target.password),
     }
@@ -355,7 +374,8 @@ class SSHConnector:
 
     def open_stream(self, command: str) -> ChannelStream:
         conn = self._open()
-        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
+        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout,
+                                                        window_size=STREAM_WINDOW, max_packet_size=STREAM_PACKET)
         stream = ChannelStream(chan)
         try:
             self._exec(chan, command)
