@@ -78,6 +78,10 @@ def test_two_instances_deploy_gate_rollback_and_logs(release_free_lab: LabHandle
     assert only_b["source"].endswith("/service/sglang@tp4-b.log") and any("--port 30002" in x for x in only_b["lines"])
     bad = cli(capsys, lab, *on, "logs", "tp4-c")
     assert bad.rc == 2 and "no instance tp4-c in the current release (has: tp4-a, tp4-b)" in bad.out
+    since = cli(capsys, lab, *on, "logs", "--since", "1 hour ago", "--json")  # never silently every line
+    assert since.rc == 2 and since.json()["hosts"]["lab1"]["reason"] == (
+        "--since needs the journal (systemd); this server logs to /var/lib/fleetctl/service/sglang@tp4-a.log "
+        "under fleetctl's supervisor: use -n instead"), since.out
 
     # tp4-b of the next release fails its own gate: the whole host goes back, both instances serving.
     sick = two_instances(tmp_path, "pair-sick", sick_b=True)

@@ -17,8 +17,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl.errors import HostError
 from fleetctl.release import instances
+from fleetctl.release.logs import checked_answer
 from fleetctl.release.servers import current_names
 from fleetctl.release.service import control, layout_for
 from fleetctl.secrets import mask_values, secret_values
@@ -47,10 +47,8 @@ def open_follow(ctx: HostContext, lines: int, since: str | None, instance: str |
     names = instances.select(current_names(ctx, layout) or [None], instance, ctx.name)
     sources: list[dict[str, Any]] = []
     for name in names:
-        answer = ctx.call("service_host", {**control(layout, "logs", name), "lines": lines, "since": since,
-                                           "follow": True})
-        if answer.get("exists") is False:
-            raise HostError(ctx.name, f"no server log at {answer['source']} (no release started here)")
+        answer = checked_answer(ctx.name, ctx.call("service_host", {**control(layout, "logs", name), "lines": lines,
+                                                                    "since": since, "follow": True}), since)
         label = instances.ServerInstance(name).label if len(names) > 1 else None
         sources.append({"label": label, "argv": answer["follow_argv"]})
     return ctx.connector.open_stream(stream_command("log_follow", ctx.agent.interpreters, {"sources": sources}))

@@ -10,6 +10,17 @@ from fleetctl.secrets import mask_values, secret_values
 from fleetctl.transport.base import CommandResult, HostSession
 
 
+def checked_answer(host: str, answer: dict, since: str | None) -> dict:
+    """The host's answer for one server's log, or one line saying why it has none to give."""
+    if answer.get("exists") is False:
+        raise HostError(host, f"no server log at {answer['source']} (no release started here)")
+    if since and not str(answer.get("source", "")).startswith("journal "):
+        # never silently all of it: only the journal can say which lines came after TIME
+        raise HostError(host, f"--since needs the journal (systemd); this server logs to {answer.get('source')} "
+                              "under fleetctl's supervisor: use -n instead")
+    return answer
+
+
 def service_logs(session: HostSession, lines: int, since: str | None = None,
                  instance: str | None = None) -> CommandResult:
     """The journal of each server's unit under systemd, else the supervisor's log (secrets masked); a
@@ -19,9 +30,8 @@ def service_logs(session: HostSession, lines: int, since: str | None = None,
     names = instances.select(current_names(session, layout) or [None], instance, session.name)
     parts, sources = [], []
     for name in names:
-        answer = session.call("service_host", {**control(layout, "logs", name), "lines": lines, "since": since})
-        if answer.get("exists") is False:
-            raise HostError(session.name, f"no server log at {answer['source']} (no release started here)")
+        answer = checked_answer(session.name, session.call("service_host", {**control(layout, "logs", name),
+                                                                           "lines": lines, "since": since}), since)
         text = "\n".join(answer.get("lines") or [])
         sources.append(str(answer.get("source")))
         if len(names) > 1:
