@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 from cli_support import run_cli
 from lab_support import LabHandle
+from service_cleanup import clean_releases
 
 pytestmark = pytest.mark.lab
 VENV = "/root/follow-env"
 # The release's servers and supervisors stopped, releases and boot entries gone.
-CLEAN = ("for f in /var/lib/fleetctl/service/*.supervisor.pid /var/lib/fleetctl/service/*.pid; do "
-         "[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; "
-         "rm -rf /opt/fleetctl /var/lib/fleetctl /etc/fleetctl/boot.d; true")
+CLEAN = clean_releases()
 # Followers (tail, or our own follower process) whose mount namespace is this host's: the lab's hosts
 # share one pid namespace, so the host is told apart by its mounts.
 FOLLOWERS_HERE = ("me=$(readlink /proc/self/ns/mnt); for p in $(pgrep -f '[t]ail -F|[f]leetctl_log_follow'); do "

@@ -13,14 +13,13 @@ import pytest
 import yaml
 from cli_support import run_cli
 from lab_support import LabHandle, user_inventory
+from service_cleanup import clean_releases
 
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
-CLEAN = ("for f in /var/lib/fleetctl/service/*.supervisor.pid /var/lib/fleetctl/service/*.pid; do "
-         "[ -f $f ] && kill -9 $(head -1 $f) 2>/dev/null; done; "
-         "rm -rf /opt/fleetctl /var/lib/fleetctl /etc/fleetctl/boot.d /root/mn-env; true")
+CLEAN = clean_releases("/opt/fleetctl", "/root/mn-env")
 
 
 @pytest.fixture
