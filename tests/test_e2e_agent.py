@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from lab_support import LabHandle, wait_gone
@@ -85,3 +90,57 @@ def test_venv_interpreter_child_on_a_lab_host(lab_fleet: LabHandle) -> None:
         got = ctx.call("selftest", {"action": "interpreter"}, python="/opt/agent-venv/bin/python")
         assert got["prefix"] == "/opt/agent-venv"
         ctx.run("rm -rf /opt/agent-venv")
+
+
+CONTROLLER = """
+import sys
+from fleetctl.inventory import load_inventory
+from fleetctl.transport.base import Step
+from fleetctl.transport.fleet import Fleet
+
+inv, started, go, done = sys.argv[1:5]
+touch = {"action": "file", "state": "touch", "mode": None, "owner": None, "group": None, "src": None,
+         "recurse": False, "check": False}
+fleet = load_inventory(inv)
+with Fleet(fleet, fleet.select("lab2")) as hosts:
+    ctx = hosts.contexts["lab2"]
+    print(ctx.call("selftest", {"action": "echo"})["pid"], flush=True)
+    ctx.sequence([Step("file_ops", {**touch, "path": started}),
+                  Step("wait_for", {"path": go, "state": "present", "timeout": 120, "interval": 0.1}),
+                  Step("file_ops", {**touch, "path": done})])
+"""
+
+
+def test_a_sequence_in_flight_is_finished_by_the_host_when_the_controller_dies(
+        lab_fleet: LabHandle, tmp_path: Path) -> None:
+    # What deploy's switch-then-restart relies on: a controller SIGKILLed while a sequence runs
+    # never leaves it cut in two; the agent finishes it, then exits (it does not linger).
+    lab = lab_fleet
+    started, go, done = (f"/root/seq-{what}-{os.getpid()}" for what in ("started", "go", "done"))
+    lab.ssh("lab2", f"rm -f {started} {go} {done}")
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER)
+    proc = subprocess.Popen([sys.executable, str(script), str(lab.inventory_path), started, go, done],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        agent_pid = int(proc.stdout.readline() or 0)
+        assert agent_pid, proc.communicate()
+        deadline = time.monotonic() + 60
+        while lab.ssh("lab2", f"test -e {started}", check=False).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)  # the controller dies inside step 2 (waiting for `go`)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    time.sleep(1.5)  # longer than the watchdog's poll: a plain call's agent would be gone by now
+    assert wait_gone([agent_pid], seconds=0) == [agent_pid], "the agent left its sequence unfinished"
+    assert lab.ssh("lab2", f"test -e {done}", check=False).returncode != 0  # step 3 waits on step 2
+    lab.ssh("lab2", f"touch {go}")
+    assert wait_gone([agent_pid], seconds=30) == [], "the agent outlived its finished sequence"
+    assert lab.ssh("lab2", f"test -e {done}", check=False).returncode == 0, "step 3 never ran"
+    lab.ssh("lab2", f"rm -f {started} {go} {done}")

@@ -13,8 +13,10 @@ from cli_support import run_cli
 from lab_support import LabHandle, wait_gone
 
 from fleetctl.cli.context import AppContext
+from fleetctl.errors import RemoteOperationError
 from fleetctl.inventory import load_inventory
 from fleetctl.transport import mux
+from fleetctl.transport.base import Step
 from fleetctl.transport.fleet import Fleet, RunSettings
 
 pytestmark = pytest.mark.lab
@@ -171,3 +173,17 @@ def test_a_fleet_ping_gives_every_host_its_own_result_and_reopens_a_dead_one(
     again = _agent_pids(lab_fleet.inventory_path, "lab1,lab3")
     assert again["lab1"] != first["lab1"]  # re-opened before its ping, not reported dead
     assert again["lab3"] == first["lab3"]  # the others stayed kept
+
+
+def test_a_sequence_through_a_kept_connection_runs_in_order_to_the_first_failure(
+        lab_fleet: LabHandle, mux_dir: Path) -> None:
+    inv = load_inventory(lab_fleet.inventory_path)
+    steps = [Step("selftest", {"action": "echo"}), Step("selftest", {"action": "raise", "message": "bad on lab1"}),
+             Step("selftest", {"action": "echo"})]
+    with Fleet(inv, inv.select("lab1"), PERSIST) as fleet:
+        ctx = fleet.contexts["lab1"]
+        pid = ctx.call("selftest", {"action": "echo"})["pid"]
+        first, failed = ctx.sequence(steps)  # the third step never ran
+    assert first["pid"] == pid  # the kept agent ran it
+    assert isinstance(failed, RemoteOperationError) and failed.host == "lab1"
+    assert failed.etype == "RuntimeError" and "bad on lab1" in failed.reason

@@ -1,6 +1,7 @@
-"""The controller SIGKILLed mid-rollout, while a batch's health gate waits: the host in that batch is
-switched (whole) or not, never half; `fleetctl run --resume RUN_ID` skips the host that finished and
-takes the rest through, every host whole and serving the new release at the end."""
+"""The controller SIGKILLed mid-rollout, as batch 2's host switches or waits in its health gate: that
+host is switched (whole, serving the new release when its server runs) or not, never half;
+`fleetctl run --resume RUN_ID` skips the host that finished and takes the rest through, every host
+whole and serving the new release at the end."""
 
 from __future__ import annotations
 
@@ -59,7 +60,12 @@ def test_controller_killed_in_a_health_gate_then_resume_finishes(
     events = journal_events(journal)
     fault_happened(not any(e["event"] == "run_end" for e in events), "the run ended before the kill")
     assert any(e["event"] == "host_done" and e.get("host") == "lab1" for e in events)
+    # The host finishes a switch and its restart even when the controller dies inside them (one
+    # sequence); its agent then exits and the deploy lock is free.
+    wait_until(lambda: not release_state(lab, "lab2")["lock_held"], "lab2's agent let go of the deploy lock",
+               timeout=60, interval=0.2)
     # no host half-switched: lab1 finished on v2; lab2 switched to v2 (whole, its gate never passed)
+    # and, when its server runs, it serves v2
     assert_whole(lab, "lab1", new)
     assert_whole(lab, "lab2", new, serving=None)
     again = run_cli(capsys, "-i", inv, "run", str(book), "--resume", journal.stem, "--json")

@@ -30,7 +30,7 @@ from fleetctl.release import stage as stagelib
 from fleetctl.release.gates import GateResult, run_gates
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
-from fleetctl.release.servers import restart, switch
+from fleetctl.release.servers import restart
 from fleetctl.release.service import (
     STANDIN,
     STANDIN_NAME,
@@ -224,15 +224,18 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
     """The switch half: switch ``current`` once, then each instance in order restarted and gated;
     any failure takes the whole host (all its instances) back to ``previous``."""
     rid, previous = result.release_id, result.previous
-    if not unchanged:
-        before = servers.current_names(session, layout)
-        switch(session, layout, rid, "deploy", holder)
-        servers.stop_gone(session, layout, before, [i.name for i in insts.of_spec(spec)])
-    for inst in insts.of_spec(spec):
+    ours = insts.of_spec(spec)
+    for n, inst in enumerate(ours):
         if not unchanged:
-            failed = restart(session, layout, inst.name)
+            if n == 0:  # the switch, the old servers' stop and this restart: one step on the host
+                before = servers.current_names(session, layout)
+                gone = [name for name in before if name not in [i.name for i in ours]]
+                failed = servers.switch_over(session, layout, rid, "deploy", holder, gone, [inst.name])
+            else:
+                failed = restart(session, layout, inst.name)
+                failed = f"{inst.name}: {failed}" if failed and inst.name else failed
             if failed:  # not serving the new release: back, exactly as a failed gate
-                result.restart_error = f"{inst.name}: {failed}" if inst.name else failed
+                result.restart_error = failed
                 return roll_back_after_failure(session, spec, layout, result, holder)
         # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
         # switched but never checked; running again checks it, and rolls back if it is bad.
@@ -381,10 +384,9 @@ def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: Hos
         result.outcome = "failed-no-previous"
         return result
     what = "restart" if result.restart_error else "health gate"
-    switch(session, layout, result.previous, f"{what} failed for {result.release_id}", holder)
-    theirs = servers.current_names(session, layout)
-    servers.stop_gone(session, layout, ours, theirs)
-    again = servers.restart_all(session, layout, theirs)
+    theirs = servers.names_in(session.call("release_host", {"op": "state", **layout.params()}), result.previous)
+    again = servers.switch_over(session, layout, result.previous, f"{what} failed for {result.release_id}", holder,
+                                [name for name in ours if name not in theirs], theirs)
     # The release returned to is known good: give it time to start even when the failed one's gate was short.
     result.rollback_gates = servers.healthy_all(session, layout, theirs, max(spec.model.health.timeout, 30.0))
     if again:

@@ -9,7 +9,6 @@ from fleetctl.errors import HostError
 from fleetctl.release import instances, servers
 from fleetctl.release.deploy import ReleaseRefused, host_lock
 from fleetctl.release.gates import GateResult
-from fleetctl.release.servers import switch
 from fleetctl.release.service import control, layout_for
 from fleetctl.transport.base import HostSession
 
@@ -48,15 +47,13 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
                                                f"(has: {', '.join(known) or 'none'})")
         if target == state.get("current"):
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
-        before = instances.names_of(state.get("service"))
-        switch(session, layout, target, "rollback", holder)
-        names = servers.current_names(session, layout)
-        servers.stop_gone(session, layout, before, names)
-        failed = servers.restart_all(session, layout, names)  # every instance of the target, in order
+        before, names = instances.names_of(state.get("service")), servers.names_in(state, target)
+        # every instance of the target restarted, in order, in the one sequence of the switch
+        failed = servers.switch_over(session, layout, target, "rollback", holder,
+                                     [n for n in before if n not in names], names)
         if failed and state.get("current"):  # not serving the target: back where it was, as deploy does
-            switch(session, layout, state["current"], f"restart failed for {target}", holder)
-            servers.stop_gone(session, layout, names, before)
-            servers.restart_all(session, layout, before)
+            servers.switch_over(session, layout, state["current"], f"restart failed for {target}", holder,
+                                [n for n in names if n not in before], before)
             raise HostError(session.name, f"restart failed: {failed}; switched back to {state['current']}")
         gates = servers.healthy_all(session, layout, names, timeout)
         return RollbackResult(session.name, "rolled-back", state.get("current"), target, gates, broke_lock=broke)

@@ -15,12 +15,38 @@ from fleetctl.release import instances
 from fleetctl.release.gates import GateResult, wait_healthy
 from fleetctl.release.service import HostLayout, control
 from fleetctl.release.spec import Health
-from fleetctl.transport.base import HostSession
+from fleetctl.transport.base import HostSession, Step
 
 
-def switch(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> None:
-    session.call("release_host", {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
-                                  "who": f"{holder['user']}@{holder['controller']}"})
+def switch_params(layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> dict[str, Any]:
+    return {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
+            "who": f"{holder['user']}@{holder['controller']}"}
+
+
+def switch_over(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any],
+                gone: list[str | None], restart: list[str | None]) -> str | None:
+    """Switch ``current``, stop the servers ``gone`` (the old release's, that this one does not run)
+    and restart ``restart`` in order, as one sequence the host finishes even if the controller dies
+    meanwhile: a killed run never leaves ``current`` moved while the old server still serves. The
+    failed restart (``instance: why``, the host's line), or None; a failed switch or stop raises,
+    as its own call would."""
+    steps = [Step("release_host", switch_params(layout, release_id, reason, holder)),
+             *(Step("service_host", control(layout, "stop", name)) for name in gone),
+             *(Step("service_host", control(layout, "restart", name)) for name in restart)]
+    done = session.sequence(steps)
+    for i, outcome in enumerate(done):
+        if isinstance(outcome, RemoteOperationError):
+            if i < len(steps) - len(restart):
+                raise outcome
+            name = restart[i - (len(steps) - len(restart))]
+            return f"{name}: {outcome.reason}" if name else outcome.reason
+    return None
+
+
+def names_in(state: dict[str, Any], release_id: str) -> list[str | None]:
+    """The servers release ``release_id`` runs, from the host's ``state`` (``[]``: not there)."""
+    found = next((r for r in state.get("releases") or [] if r.get("id") == release_id), None)
+    return instances.names_of((found or {}).get("service"))
 
 
 def current_names(session: HostSession, layout: HostLayout) -> list[str | None]:
@@ -43,25 +69,9 @@ def stop(session: HostSession, layout: HostLayout, instance: str | None = None) 
     session.call("service_host", control(layout, "stop", instance))
 
 
-def stop_gone(session: HostSession, layout: HostLayout, before: list[str | None], after: list[str | None]) -> None:
-    """Stop the servers of the release switched away from that the new one does not run."""
-    for name in before:
-        if name not in after:
-            stop(session, layout, name)
-
-
 def running(session: HostSession, layout: HostLayout, names: list[str | None]) -> bool:
     return bool(names) and all(session.call("service_host", control(layout, "status", n)).get("running")
                                for n in names)
-
-
-def restart_all(session: HostSession, layout: HostLayout, names: list[str | None]) -> str | None:
-    """Restart every server in order; the first failure (``instance: why``), or None."""
-    for name in names:
-        failed = restart(session, layout, name)
-        if failed:
-            return f"{name}: {failed}" if name else failed
-    return None
 
 
 def healthy_all(session: HostSession, layout: HostLayout, names: list[str | None], timeout: float,

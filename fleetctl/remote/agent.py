@@ -6,6 +6,9 @@
 # needs no round trip before its first real request.
 # Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?,
 #            "fresh"?} -- "fresh": run the module in a new namespace (a new command on a kept agent)
+#           {"id", "op": "sequence", "steps": [{"module", "hash", "source"?, "params"}, ...]} -- calls in
+#            the agent, in order, to the first failure; answered with one answer per step that ran.
+#            The host finishes a sequence even when the controller goes away meanwhile.
 # Answers:  {"id", "ok": true, "result": ...} | {"id", "ok": false, "error": {"type", "message", "traceback"}}
 # Module source is shipped once per run and cached here by hash. The agent exits at EOF on
 # stdin, so it never outlives the connection that started it.
@@ -19,6 +22,9 @@ import sys
 import _struct as struct  # struct.py only re-exports it
 
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
+
+# Sequences in flight (see Agent.sequence): the watchdog lets them end before the agent exits.
+FINISHING = [0, None]  # count, and the lock the watchdog holds while it decides to exit
 
 # json's own C scanner and encoder, set up as json.loads and json.dumps(..., default=str) set
 # them up, without importing json (and re with it); json itself where _json is missing. Shared
@@ -230,12 +236,39 @@ class Agent(object):
             not_permitted(err, err.get("filename"))
         return answer
 
+    def sequence(self, req):
+        """Steps called in order to the end or the first failure, even when the controller goes away
+        meanwhile (a switch and the restart after it are never cut in two by a killed run)."""
+        lock = FINISHING[1]
+        if lock is not None:
+            lock.acquire()  # not while the watchdog is deciding to exit: then nothing starts
+        FINISHING[0] += 1
+        if lock is not None:
+            lock.release()
+        answers = []
+        try:
+            for step in req.get("steps") or []:
+                try:
+                    answer = self.call(dict(step, python=None))
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:
+                    answer = {"ok": False, "error": _error(exc)}
+                answers.append(answer)
+                if not answer.get("ok"):
+                    break
+        finally:
+            FINISHING[0] -= 1
+        return {"ok": True, "result": answers}
+
     def handle(self, req):
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "result": ping_info()}
         if op == "call":
             return self.call(req)
+        if op == "sequence":
+            return self.sequence(req)
         raise ValueError("unknown op %r" % (op,))
 
 
@@ -272,19 +305,29 @@ def serve(inp, out):
 
 def watchdog(fd, ppid):
     # An operation that hangs must not outlive the run: exit as soon as the controller's end
-    # of stdin is gone (channel closed) or our parent (the SSH session) went away.
+    # of stdin is gone (channel closed) or our parent (the SSH session) went away; a sequence
+    # in flight is let finish first.
     import _thread
     import select
+    import time
+
+    FINISHING[1] = _thread.allocate_lock()
 
     def watch():
         poller = select.poll()
         poller.register(fd, select.POLLHUP)
-        while True:
+        gone = False
+        while not gone:
             for _fd, event in poller.poll(1000):
                 if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    os._exit(0)
+                    gone = True
             if os.getppid() != ppid:
-                os._exit(0)
+                gone = True
+        while True:
+            with FINISHING[1]:
+                if not FINISHING[0]:
+                    os._exit(0)
+            time.sleep(0.05)
 
     _thread.start_new_thread(watch, ())  # a bare thread: never joined at exit, as a daemon
 

@@ -252,7 +252,10 @@ def op_state(params):
         manifest = read_json(os.path.join(rels, name, "manifest.json"))
         if name.startswith(".") or manifest is None:
             continue  # a temporary folder of a build that did not finish
-        releases.append({"id": name, "created": manifest.get("created"), "spec_digest": manifest.get("spec_digest")})
+        served = read_json(os.path.join(rels, name, "service.json"))
+        # The servers it runs (names_of on the controller): a rollback switches and restarts them in one go.
+        releases.append({"id": name, "created": manifest.get("created"), "spec_digest": manifest.get("spec_digest"),
+                         "service": None if served is None else {"instances": served.get("instances")}})
     releases.sort(key=lambda r: r.get("created") or 0)
     service = read_json(os.path.join(root, "current", "service.json")) or {}
     service.pop("unit", None)

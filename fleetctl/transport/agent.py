@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import AgentError, ConnectError, RemoteOperationError
-from fleetctl.transport.base import Connector, Stream
+from fleetctl.transport.base import Connector, Step, Stream
 
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code, shipped as source
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
@@ -31,6 +31,14 @@ MAX_MESSAGE = 256 * 1024 * 1024
 # Modules that import user code: run in a child interpreter even when the agent runs the same
 # python, so nothing they import stays loaded in the agent (stale after a deploy).
 OWN_PROCESS_MODULES = frozenset({"importprobe"})
+def step_outcome(host: str, module: str, answer: dict[str, Any]) -> Any:
+    """One answer of a sequence: the step's result, or its failure as the RemoteOperationError
+    a plain call raises (returned, not raised: the caller knows which steps ran)."""
+    if answer.get("ok"):
+        return answer.get("result")
+    err = answer.get("error") or {}
+    return RemoteOperationError(host, module, err.get("type", "Error"), err.get("message", ""),
+                                err.get("traceback", ""))
 _MODULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
@@ -281,3 +289,24 @@ class AgentClient:
             # The agent enforces a child interpreter's timeout itself: allow it slack to report.
             slack = 5.0 if python else 0.0
             return self._request(msg, None if timeout is None else timeout + slack)
+
+    def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]:
+        """``steps`` run in the agent one after another, to the end or the
+        first that fails, and the host finishes them even if this controller dies meanwhile. One
+        entry per step that ran: its result, or (the last) the RemoteOperationError it met, unraised."""
+        with self._lock:
+            self._ensure_started()
+            msgs = []
+            for step in steps:
+                text, digest = step.source or module_source(step.module)
+                if step.module in OWN_PROCESS_MODULES:
+                    raise ValueError(f"{step.module} runs in its own process: not in a sequence")
+                msg: dict[str, Any] = {"module": step.module, "hash": digest, "params": step.params}
+                if step.fresh:
+                    msg["fresh"] = True
+                if digest not in self._sent:
+                    msg["source"] = text
+                self._sent.add(digest)
+                msgs.append(msg)
+            answers = self._request({"op": "sequence", "steps": msgs}, timeout)
+        return [step_outcome(self.host, msg["module"], answer) for msg, answer in zip(msgs, answers, strict=False)]

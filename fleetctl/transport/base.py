@@ -82,6 +82,16 @@ class HostResult(Generic[T]):
         return self.status is Status.OK
 
 
+@dataclass(frozen=True)
+class Step:
+    """One call of ``HostSession.sequence``; ``source`` and ``fresh`` as for ``AgentClient.call``."""
+
+    module: str
+    params: dict[str, Any]
+    source: tuple[str, str] | None = None
+    fresh: bool = False
+
+
 class HostSession(Protocol):
     """What core modules (facts, probes, drift, ...) get for one host during a fan-out.
 
@@ -89,6 +99,8 @@ class HostSession(Protocol):
     the host's long-lived agent and returns its JSON-able answer; with ``python=`` it runs in a
     child process of that interpreter (a venv's python, to see the venv's packages). A remote
     exception raises ``RemoteOperationError``; a dead channel raises ``AgentError``.
+    ``sequence(steps)`` runs several calls in the agent as one request that the host finishes even
+    if the controller dies meanwhile (``AgentClient.sequence``).
     """
 
     name: str
@@ -98,5 +110,7 @@ class HostSession(Protocol):
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
         timeout: float | None = None,
     ) -> Any: ...
+
+    def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]: ...
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult: ...

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleetctl.errors import ConnectError, FleetError, InputError
 from fleetctl.transport import hostkeys
 from fleetctl.transport.agent import AgentClient, AgentInfo
-from fleetctl.transport.base import CommandResult, Connector, HostResult, Status
+from fleetctl.transport.base import CommandResult, Connector, HostResult, Status, Step
 from fleetctl.transport.target import Become, ConnectOptions, SSHTarget, resolve_become, resolve_target
 
 if TYPE_CHECKING:
@@ -85,6 +85,10 @@ class HostContext:
         timeout: float | None = None,
     ) -> Any:
         return self.agent.call(op, params, python=python, timeout=timeout or self.settings.command_timeout)
+
+    def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]:
+        each = self.settings.command_timeout  # a plain call's budget, per step
+        return self.agent.sequence(steps, timeout=timeout or (each * len(steps) if each else None))
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         return self.connector.run(command, timeout=timeout or self.settings.command_timeout)

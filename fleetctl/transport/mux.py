@@ -51,7 +51,8 @@ from fleetctl.errors import (
     InputError,
     RemoteOperationError,
 )
-from fleetctl.transport.agent import AgentInfo, module_source
+from fleetctl.transport.agent import AgentInfo, module_source, step_outcome
+from fleetctl.transport.base import Step
 
 if TYPE_CHECKING:
     from fleetctl.transport.agent import AgentClient
@@ -267,6 +268,12 @@ class MuxAgentClient:
         text, digest = module_source(module)
         return self._ask({"op": "call", "module": module, "source": text, "hash": digest,
                           "params": params or {}, "python": python, "timeout": timeout})
+
+    def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]:
+        """As ``AgentClient.sequence``: the server runs the steps as one request to the host's agent."""
+        sent = [{"module": s.module, "params": s.params, "source": module_source(s.module)} for s in steps]
+        answers = self._ask({"op": "sequence", "steps": sent, "timeout": timeout})
+        return [step_outcome(self.host, s.module, a) for s, a in zip(steps, answers, strict=False)]
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -530,6 +537,16 @@ class MuxServer:
             fresh.add((id(agent), msg["module"]))
             return agent.call(msg["module"], msg.get("params"), python=python, timeout=msg.get("timeout"),
                               source=(msg["source"], msg["hash"]), fresh=first), kept
+        if op == "sequence":  # answered as raw per-step answers: the client turns them into outcomes
+            steps = []
+            for s in msg["steps"]:
+                first = (id(kept.main), s["module"]) not in fresh
+                fresh.add((id(kept.main), s["module"]))
+                steps.append(Step(s["module"], s["params"], (s["source"][0], s["source"][1]), first))
+            done = kept.main.sequence(steps, timeout=msg.get("timeout"))
+            return [{"ok": True, "result": d} if not isinstance(d, RemoteOperationError) else
+                    {"ok": False, "error": {"type": d.etype, "message": d.remote_message,
+                                            "traceback": d.remote_traceback}} for d in done], kept
         raise ValueError(f"unknown op {op!r}")
 
     def attach(self, msg: dict[str, Any]) -> KeptHost:
