@@ -48,6 +48,7 @@ from fleetctl.overlay_abi import Interpreter
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, HostSession, Status, Stream
 from fleetctl.transport.fleet import Fleet, HostContext
+from fleetctl.transport.openssh import bulk_stream  # the file stream: OpenSSH moves the bytes
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 BEGIN, END = b"@@FLEETCTL-JSON-BEGIN@@", b"@@FLEETCTL-JSON-END@@"
@@ -596,7 +597,7 @@ def open_targets(members: list[HostContext], src: SourceListing, plans: Mapping[
                 command = stream_command("overlay_source", python_of(req.venv))
                 params["direct"] = {"argv": direct_argv(direct_from, ctx, command),
                                     "params": source_params(src, plans[ctx.name], req)}
-            stream = ctx.connector.open_stream(stream_command("overlay_target", python_of(req.target_venv)))
+            stream = bulk_stream(ctx.connector, stream_command("overlay_target", python_of(req.target_venv)))
             stream.send(frame(params))
             sinks[ctx.name] = stream
         except HostError as exc:
@@ -680,7 +681,7 @@ def stream_group(source: HostContext, members: list[HostContext], src: SourceLis
         return outcomes
     pipe: Stream | None = None
     try:
-        pipe = source.connector.open_stream(stream_command("overlay_source", python_of(req.venv)))
+        pipe = bulk_stream(source.connector, stream_command("overlay_source", python_of(req.venv)))
         pipe.send(frame(source_params(src, plans[next(iter(sinks))], req)))
         pump(pipe, sinks, outcomes, timeout)
     except Exception as exc:  # the source failed: no target may finish a partial stream

@@ -170,3 +170,60 @@ def test_encrypted_key_needs_its_passphrase_or_the_agent(lab_fleet: LabHandle, t
     inv.write_text(host)
     r = run_cli(capsys, "-i", str(inv), "ping", "--json")
     assert r.rc == 0, r.out + r.err
+
+
+# A one-distribution venv (made by hand: no pip needed) for the overlay through bastions below.
+TINY_DIST = r"""
+import base64, hashlib, os, sys
+site, value = sys.argv[1], sys.argv[2]
+files = {"demo_cfg/__init__.py": "VALUE = %r\n" % value,
+         "demo_cfg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: demo-cfg\nVersion: 1.0\n",
+         "demo_cfg-1.0.dist-info/INSTALLER": "pip\n"}
+lines = []
+for rel, text in files.items():
+    os.makedirs(os.path.dirname(os.path.join(site, rel)), exist_ok=True)
+    data = text.encode()
+    open(os.path.join(site, rel), "wb").write(data)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    lines.append("%s,sha256=%s,%d" % (rel, digest, len(data)))
+lines.append("demo_cfg-1.0.dist-info/RECORD,,")
+open(os.path.join(site, "demo_cfg-1.0.dist-info/RECORD"), "w").write("\n".join(lines) + "\n")
+"""
+
+
+@pytest.mark.parametrize("bulk", ["openssh", "paramiko"])
+def test_overlay_through_bastions_and_sudo_streams_over_the_checked_hops(
+        lab_fleet: LabHandle, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        bulk: str) -> None:
+    """The overlay's file stream goes through an OpenSSH client (or paramiko, forced) on the same
+    hops as every other connection: gpu-b one bastion away as fleetop with sudo, gpu-c two away."""
+    import fleetctl.overlay as overlay
+
+    lab, env = lab_fleet, "/opt/cfg-env"
+    site = f"{env}/lib/python3.11/site-packages"
+    for host in ("lab1", "lab2", "lab3"):
+        lab.ssh(host, f"rm -rf {env} && /usr/bin/python3 -m venv --without-pip {env}")
+    lab.ssh("lab1", f"/usr/bin/python3 - {site} 'from gpu-a' <<'EOF'\n{TINY_DIST}\nEOF")
+    used: list[str] = []
+
+    def spied(connector: object, command: str) -> object:
+        stream = real(connector, command)
+        used.append(type(stream).__name__)
+        return stream
+
+    real = overlay.bulk_stream
+    monkeypatch.setattr(overlay, "bulk_stream", spied)
+    monkeypatch.setenv("FLEETCTL_BULK_SSH", bulk)
+    r = cli(capsys, home, "-b", "-l", "gpu-a,gpu-b,gpu-c", "venv", "overlay", "--from", "gpu-a", "--venv", env,
+            "--json")
+    assert r.rc == 0, r.out + r.err
+    # one stream from the source, one into each target
+    assert used == ["OpenSSHStream" if bulk == "openssh" else "ChannelStream"] * 3, used
+    for host in ("lab2", "lab3"):
+        got = lab.ssh(host, f"cat {site}/demo_cfg/__init__.py && stat -c %U {site}/demo_cfg/__init__.py").stdout
+        assert got == "VALUE = 'from gpu-a'\nroot\n", host  # written by the become user (root)
+    again = cli(capsys, home, "-b", "-l", "gpu-a,gpu-b,gpu-c", "drift", "--baseline", "gpu-a", "--venv", env,
+                "--verify-files", "--json")
+    assert again.rc == 0, again.out + again.err
+    for host in ("lab1", "lab2", "lab3"):
+        lab.ssh(host, f"rm -rf {env}")
