@@ -111,6 +111,15 @@ class AgentInfo:
     user: str = ""  # who the agent runs as: the become user under sudo
 
 
+@dataclass(frozen=True)
+class PingInFlight:
+    """A ping sent by ``AgentClient.send_ping``, its answer not yet read."""
+
+    msg: dict[str, Any]
+    deadline: float | None
+    timeout: float
+
+
 class AgentClient:
     """One agent on one host. Thread-safe: requests on one host are serialized."""
 
@@ -209,6 +218,11 @@ class AgentClient:
             raise self._fail("exited before saying hello") from None
 
     def _request(self, msg: dict[str, Any], timeout: float | None) -> Any:
+        msg, deadline = self._send(msg, timeout)
+        return self._answer(msg["id"], msg, deadline, timeout)
+
+    def _send(self, msg: dict[str, Any], timeout: float | None) -> tuple[dict[str, Any], float | None]:
+        """``msg`` sent with its id; the deadline of its answer."""
         assert self._stream is not None
         self._next_id += 1
         self._just_started = False
@@ -219,7 +233,7 @@ class AgentClient:
             self._stream.send(struct.pack(">I", len(data)) + data)
         except (EOFError, OSError) as exc:
             raise self._lost(exc) from None
-        return self._answer(msg["id"], msg, deadline, timeout)
+        return msg, deadline
 
     def _lost(self, exc: BaseException) -> Exception:
         lost = getattr(self._stream, "connection_lost", None)
@@ -260,6 +274,31 @@ class AgentClient:
                 return self.info
             self.info = AgentInfo(**self._request({"op": "ping"}, timeout))
             return self.info
+
+    def send_ping(self, timeout: float) -> PingInFlight | None:
+        """A ping sent on a running agent without waiting for its answer: the kept-connection server
+        has a whole fleet's pings in flight from one thread, then reads each with ``ping_answer``.
+        The agent stays locked until then. None (nothing sent): not running, or busy with another
+        command's request (``ping`` waits for it instead)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._stream is None:
+                self._lock.release()
+                return None
+            msg, deadline = self._send({"op": "ping"}, timeout)
+        except BaseException:
+            self._lock.release()
+            raise
+        return PingInFlight(msg, deadline, timeout)
+
+    def ping_answer(self, sent: PingInFlight) -> AgentInfo:
+        """The answer to ``send_ping``'s ping (the agent's errors raised as ``ping`` raises them)."""
+        try:
+            self.info = AgentInfo(**self._answer(sent.msg["id"], sent.msg, sent.deadline, sent.timeout))
+            return self.info
+        finally:
+            self._lock.release()
 
     def call(
         self, module: str, params: dict[str, Any] | None = None, *, python: str | None = None,

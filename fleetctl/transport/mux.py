@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from functools import cache
 from pathlib import Path
@@ -342,7 +343,7 @@ def stop_server(path: Path | None = None, wait_s: float = 10.0) -> int | None:
 
 
 # -- server --------------------------------------------------------------------------------------
-def _file_key(path: str | None) -> list[Any]:
+def file_key(path: str | None) -> list[Any]:
     if not path:
         return []
     try:
@@ -352,12 +353,14 @@ def _file_key(path: str | None) -> list[Any]:
     return [path, st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def entry_key(host: str, target: dict[str, Any], interpreters: list[str]) -> str:
-    """Everything that decides a connection and its trust; any change means a new connection."""
+def entry_key(host: str, target: dict[str, Any], interpreters: list[str],
+              stat_key: Callable[[str | None], list[Any]] = file_key) -> str:
+    """Everything that decides a connection and its trust; any change means a new connection.
+    ``stat_key``: how a file is told apart (a request for many hosts stats each file once)."""
     parts: list[Any] = [host, target, interpreters]
     hop: dict[str, Any] | None = target
     while hop:
-        parts += [_file_key(hop.get("known_hosts")), *(_file_key(k) for k in hop.get("key_files") or ())]
+        parts += [stat_key(hop.get("known_hosts")), *(stat_key(k) for k in hop.get("key_files") or ())]
         hop = hop.get("jump")
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

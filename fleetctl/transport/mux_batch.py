@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import AgentError, ConnectError, FleetError
 from fleetctl.transport import mux
-from fleetctl.transport.agent import AgentInfo
+from fleetctl.transport.agent import AgentInfo, PingInFlight
 
 if TYPE_CHECKING:
     import socket
@@ -92,21 +93,147 @@ def _ask_many(contexts: list[HostContext], persist: float, forks: int) -> Iterat
 
 
 # -- server --------------------------------------------------------------------------------------
+IN_FLIGHT = 16  # kept hosts' pings outstanding at once: round trips overlap, each rtt stays its own
+
+
+@dataclass
+class _Flight:
+    """One kept host's ping, sent and not yet answered."""
+
+    kept: mux.KeptHost
+    sent: PingInFlight
+    start: float
+
+
 def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, Any]) -> None:
-    """Attach and ping every host of ``msg`` in parallel; one frame per host, in its order."""
+    """Ping every host of ``msg``; one frame per host, in its order.
+
+    The kept hosts' pings go out from this one thread, a window of them in flight, each answer
+    read in turn: their round trips overlap without a thread each (at 200 hosts the hand-offs
+    between a thread per host were most of the server's CPU). A host not kept yet, one whose
+    agent another command is using, or one whose kept connection turns out dead, is attached on
+    the pool as ``attach`` does for one host: a fresh connection, strict host keys, its own error."""
     hosts = list(msg["hosts"])
     persist = float(msg.get("persist") or 0)
     timeout = float(msg.get("timeout") or 30.0)
+    server.persist = max(server.persist, persist)
     threads = max(1, min(len(hosts), int(msg.get("forks") or 32), SERVER_THREADS))
+    stat_once = functools.cache(mux.file_key)  # each known_hosts and key file stat-ed once per request
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mux-ping") as pool:
-        futures = [pool.submit(_ping_host, server, h, persist, timeout) for h in hosts]
+        attached: dict[int, Future[dict[str, Any]]] = {}
+
+        def attach(i: int) -> None:
+            attached[i] = pool.submit(_ping_host, server, hosts[i], persist, timeout)
+
+        kept = {}
+        for i, host in enumerate(hosts):
+            found = _take_kept(server, host, stat_once)
+            if found is None:
+                attach(i)
+            else:
+                kept[i] = found
+        pings = _KeptPings(server, kept, attach)
         try:
-            for future in futures:
-                mux.send_frame(conn, future.result())
+            for i in range(len(hosts)):
+                answer = pings.answer(i)
+                if answer is None:
+                    pings.settle()  # no waiting on another host while this thread holds agents
+                    answer = attached[i].result()
+                mux.send_frame(conn, answer)
         except OSError:  # the command went away (Ctrl-C): the hosts not yet started are not asked
-            for future in futures:
+            for future in attached.values():
                 future.cancel()
             raise
+        finally:
+            pings.close()
+
+
+class _KeptPings:
+    """The kept hosts' pings of one request, in request order, at most IN_FLIGHT outstanding."""
+
+    def __init__(self, server: mux.MuxServer, kept: dict[int, mux.KeptHost], attach: Callable[[int], None]):
+        self.server = server
+        self.unsent = deque(sorted(kept.items()))
+        self.flights: dict[int, _Flight] = {}
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.attach = attach  # a host whose kept agent cannot answer here: attached on the pool
+
+    def answer(self, i: int) -> dict[str, Any] | None:
+        """Host ``i``'s answer (every lower host's was taken); None: it is attached on the pool."""
+        self._top_up()
+        flight = self.flights.pop(i, None)
+        if flight is not None:
+            answer = self._read(i, flight)
+            self._top_up()
+            return answer
+        return self.answers.pop(i, None)
+
+    def settle(self) -> None:
+        """Read every answer in flight (kept for its turn)."""
+        for i, flight in list(self.flights.items()):
+            del self.flights[i]
+            answer = self._read(i, flight)
+            if answer is not None:
+                self.answers[i] = answer
+
+    def close(self) -> None:
+        """Nothing left in flight (each agent between two requests) and no host held."""
+        self.settle()
+        for _i, kept in self.unsent:
+            self.server.release(kept)
+        self.unsent.clear()
+
+    def _top_up(self) -> None:
+        while self.unsent and len(self.flights) < IN_FLIGHT:
+            i, kept = self.unsent.popleft()
+            start = time.perf_counter()
+            try:
+                sent = kept.main.send_ping(kept.connector.target.connect_timeout)  # the check attach makes
+            except Exception:  # it died while kept: a fresh connection, as attach replaces it
+                self.server.forget(kept)
+                sent = None
+            if sent is None:  # or its agent is busy with another command's request: attach waits for it
+                self.server.release(kept)
+                self.attach(i)
+            else:
+                self.flights[i] = _Flight(kept, sent, start)
+
+    def _read(self, i: int, flight: _Flight) -> dict[str, Any] | None:
+        kept = flight.kept
+        try:
+            info = kept.main.ping_answer(flight.sent)
+        except Exception as exc:
+            self.server.forget(kept)
+            self.server.release(kept)
+            if isinstance(exc, AgentError | ConnectError):  # it died while kept: a fresh connection
+                self.attach(i)
+                return None
+            return _failed(exc)
+        ms = (time.perf_counter() - flight.start) * 1000
+        self.server.release(kept)
+        return {"ok": True, "info": _info_doc(info), "connect_ms": round(ms, 1), "rtt_ms": round(ms, 2)}
+
+
+def _take_kept(server: mux.MuxServer, host: dict[str, Any],
+               stat_key: Callable[[str | None], list[Any]]) -> mux.KeptHost | None:
+    """``host``'s kept connection with a running agent, counted as in use; None: attach it."""
+    try:
+        key = mux.entry_key(host["host"], host["target"], list(host["interpreters"]), stat_key)
+    except Exception:  # a malformed host: attach says what is wrong, for that host alone
+        return None
+    with server.lock:
+        kept = server.hosts.get(key)
+        if kept is None or kept.main.info is None:
+            return None
+        kept.users += 1
+        return kept
+
+
+def _info_doc(info: AgentInfo) -> dict[str, Any]:
+    return {f: getattr(info, f) for f in _INFO_FIELDS}  # not asdict: its deep copies, host by host
+
+
+_INFO_FIELDS = tuple(f.name for f in fields(AgentInfo))
 
 
 def _ping_host(server: mux.MuxServer, host: dict[str, Any], persist: float, timeout: float) -> dict[str, Any]:
@@ -123,7 +250,7 @@ def _ping_host(server: mux.MuxServer, host: dict[str, Any], persist: float, time
             kept.main.ping(timeout)
             rtt = time.perf_counter() - attached
         assert kept.main.info is not None
-        return {"ok": True, "info": asdict(kept.main.info), "connect_ms": round((attached - start) * 1000, 1),
+        return {"ok": True, "info": _info_doc(kept.main.info), "connect_ms": round((attached - start) * 1000, 1),
                 "rtt_ms": round(rtt * 1000, 2)}
     except Exception as exc:
         if isinstance(exc, ConnectError | AgentError):
