@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,23 @@ def test_a_sequence_through_a_kept_connection_runs_in_order_to_the_first_failure
     assert first["pid"] == pid  # the kept agent ran it
     assert isinstance(failed, RemoteOperationError) and failed.host == "lab1"
     assert failed.etype == "RuntimeError" and "bad on lab1" in failed.reason
+
+
+def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
+    lab_fleet: LabHandle, mux_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = _agent_pids(lab_fleet.inventory_path)
+    inv = load_inventory(lab_fleet.inventory_path)
+    with Fleet(inv, inv.select("lab1"), PERSIST) as fleet, ThreadPoolExecutor(1) as pool:
+        # Another command holds lab1's kept agent (a request in progress) while the fleet is pinged.
+        busy = pool.submit(fleet.map, lambda ctx: ctx.call("selftest", {"action": "sleep", "seconds": 2}))
+        deadline = time.monotonic() + 10
+        while not any(c["in_use"] for c in mux.server_status() or []) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # its request is on lab1's agent by now
+        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "ping", "--json")
+        assert busy.result()["lab1"].ok
+    assert r.rc == 0, r.err
+    hosts = r.json()["hosts"]
+    assert all(hosts[h]["status"] == "ok" and hosts[h]["value"]["hostname"] == h for h in lab_fleet.hosts), hosts
+    assert _agent_pids(lab_fleet.inventory_path) == first  # every host answered on its kept agent

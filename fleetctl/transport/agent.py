@@ -170,6 +170,11 @@ class AgentClient:
             finally:
                 self._drop()
 
+    @property
+    def is_open(self) -> bool:
+        """Whether closing it has anything to end (its agent's channel)."""
+        return self._stream is not None
+
     def _drop(self) -> None:
         if self._stream is not None:
             self._stream.close()

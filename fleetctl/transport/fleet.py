@@ -96,6 +96,11 @@ class HostContext:
     def ping(self) -> AgentInfo:
         return self.agent.ping()
 
+    @property
+    def is_open(self) -> bool:
+        """Whether closing it has anything to end (a connector or agent that says nothing: yes)."""
+        return bool(getattr(self.agent, "is_open", True) or getattr(self.connector, "is_open", True))
+
     def close(self) -> None:
         try:
             self.agent.close()
@@ -220,8 +225,10 @@ class Fleet:
 
     def close(self) -> None:
         """Stop every agent and connection, all at once: each close waits a round trip for the
-        agent's exit, and those waits need not add up host after host."""
-        contexts = list(self.contexts.values())
+        agent's exit, and those waits need not add up host after host. A host with nothing open
+        (its work went through the kept-connection server or a worker process) is skipped: a pool
+        of threads for nothing was a tenth of a kept-connection ping's CPU at 200 hosts."""
+        contexts = [c for c in self.contexts.values() if c.is_open]
         if len(contexts) > 1:
             with ThreadPoolExecutor(max_workers=min(self.settings.forks, len(contexts)),
                                     thread_name_prefix="fleetctl-close") as pool:

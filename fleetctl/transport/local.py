@@ -116,5 +116,7 @@ class LocalConnector:
     def open_stream(self, command: str) -> LocalStream:
         return LocalStream(command)
 
+    is_open = False  # nothing to end: each command is its own process
+
     def close(self) -> None:
         pass

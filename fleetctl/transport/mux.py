@@ -63,6 +63,7 @@ log = logging.getLogger("fleetctl.mux")
 PROTOCOL = 1
 MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
+IDLE_WAKEUP_S = 1.0  # how often a kept connection's paramiko thread wakes while idle (its default: 0.1 s)
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
 _SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_batch.py", _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
@@ -220,10 +221,16 @@ class MuxAgentClient:
         self.target = target
         self.interpreters = interpreters
         self.persist = persist
-        self.path = path or socket_path()
+        self._path = path  # found when first needed: a fleet's ping asks the server once for all hosts
         self.info: AgentInfo | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = socket_path()
+        return self._path
 
     def _session(self) -> socket.socket:
         if self._sock is None:
@@ -275,6 +282,11 @@ class MuxAgentClient:
         sent = [{"module": s.module, "params": s.params, "source": module_source(s.module)} for s in steps]
         answers = self._ask({"op": "sequence", "steps": sent, "timeout": timeout})
         return [step_outcome(self.host, s.module, a) for s, a in zip(steps, answers, strict=False)]
+
+    @property
+    def is_open(self) -> bool:
+        """Whether closing it has anything to end (its socket to the server)."""
+        return self._sock is not None
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -374,6 +386,7 @@ class KeptHost:
 
         self.host = host
         self.connector: SSHConnector = SSHConnector(host, target)
+        self.connector.wake_rarely(IDLE_WAKEUP_S)
         self.main: AgentClient = AgentClient(host, self.connector, interpreters)
         self.others: dict[str, AgentClient | None] = {}  # python -> its agent (None: it would not start)
         self.lock = threading.Lock()  # guards ``others``

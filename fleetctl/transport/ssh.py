@@ -183,6 +183,22 @@ class SSHConnector:
         self.target = target
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._idle_wakeup: float | None = None  # None: paramiko's (its thread wakes 10 times a second)
+
+    def wake_rarely(self, seconds: float) -> None:
+        """Let this connection's paramiko thread sleep up to ``seconds`` while nothing arrives, not
+        0.1 s: the kept-connection server holds hundreds of idle connections, and each thread's
+        wake-ups take the GIL from the ones at work (at 200 hosts, a tenth of a core while idle).
+        What arrives is read at once all the same; the timeout only bounds how late the thread of a
+        closed connection notices it."""
+        with self._lock:
+            self._idle_wakeup = seconds
+            self._apply_idle_wakeup()
+
+    def _apply_idle_wakeup(self) -> None:
+        transport = self._conn.client.get_transport() if self._conn is not None else None
+        if self._idle_wakeup is not None and transport is not None and transport.sock is not None:
+            transport.sock.settimeout(self._idle_wakeup)
 
     def prepare(self) -> None:
         """Read what every connection of the run shares (paramiko, known_hosts, key files) ahead of
@@ -205,6 +221,7 @@ class SSHConnector:
                     self._connect(hop_conn, hop, "bastion ")
                 self._connect(conn, self.target)
                 self._conn = conn
+                self._apply_idle_wakeup()
             return self._conn
 
     def _connect(self, conn: Any, target: SSHTarget, role: str = "") -> None:
@@ -393,6 +410,11 @@ class SSHConnector:
             got += stream.recv(len(become.STARTED) - len(got), max(0.0, deadline - time.monotonic()))
             if not become.STARTED.startswith(got) or not got:
                 raise BecomeError(self.host, f"unexpected output from sudo before the command: {got[:80]!r}")
+
+    @property
+    def is_open(self) -> bool:
+        """Whether closing it has anything to end (its connection)."""
+        return self._conn is not None
 
     def close(self) -> None:
         with self._lock:
