@@ -302,7 +302,7 @@ def process_gone(pid: int) -> bool:
     late here, so a stopped process can linger as one that kill -0 still reports alive)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # the latter: it exited between open and read
         return True
     return state in ("Z", "X")
 
