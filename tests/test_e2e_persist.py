@@ -208,3 +208,25 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
     hosts = r.json()["hosts"]
     assert all(hosts[h]["status"] == "ok" and hosts[h]["value"]["hostname"] == h for h in lab_fleet.hosts), hosts
     assert _agent_pids(lab_fleet.inventory_path) == first  # every host answered on its kept agent
+
+
+def test_frozen_kept_agents_are_replaced_and_every_other_host_answers(
+    lab_fleet: LabHandle, mux_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    quick = {"ansible_timeout": "2"}  # how long a kept agent's check waits before it is replaced
+    first = _agent_pids(lab_fleet.inventory_path, **quick)
+    frozen = [first["lab1"], first["lab3"]]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # alive, connection up, never answering
+    try:
+        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-e", "ansible_timeout=2", "--persist", "30",
+                    "ping", "--json")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+    assert r.rc == 0, r.err
+    hosts = r.json()["hosts"]
+    assert all(hosts[h]["status"] == "ok" and hosts[h]["value"]["hostname"] == h for h in lab_fleet.hosts), hosts
+    again = _agent_pids(lab_fleet.inventory_path, **quick)
+    assert again["lab1"] != first["lab1"] and again["lab3"] != first["lab3"]  # new connections and agents
+    assert again["lab2"] == first["lab2"]  # the one that answered stayed kept

@@ -192,9 +192,9 @@ class AgentClient:
         buf = bytearray(self._pending[:n])
         self._pending = self._pending[n:]
         while len(buf) < n:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError
+            # Past the deadline what has already arrived is still taken (a fleet's pings are read
+            # in turn, some after their deadline): only waiting for more is a timeout.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             chunk = self._stream.recv(n - len(buf), left)
             if not chunk:
                 raise EOFError
@@ -296,6 +296,22 @@ class AgentClient:
             self._lock.release()
             raise
         return PingInFlight(msg, deadline, timeout)
+
+    def ping_arrived(self, sent: PingInFlight, within: float) -> bool:
+        """Whether the answer to ``sent`` has begun to arrive, waiting up to ``within`` seconds (never
+        past its deadline); what arrived is kept for ``ping_answer``, which reports any failure."""
+        if self._pending or self._stream is None:
+            return True
+        left = within if sent.deadline is None else min(within, sent.deadline - time.monotonic())
+        if left <= 0:
+            return True
+        try:
+            self._pending = self._stream.recv(65536, left)
+        except TimeoutError:
+            return False
+        except (EOFError, OSError):
+            return True
+        return True
 
     def ping_answer(self, sent: PingInFlight) -> AgentInfo:
         """The answer to ``send_ping``'s ping (the agent's errors raised as ``ping`` raises them)."""

@@ -94,6 +94,7 @@ def _ask_many(contexts: list[HostContext], persist: float, forks: int) -> Iterat
 
 # -- server --------------------------------------------------------------------------------------
 IN_FLIGHT = 16  # kept hosts' pings outstanding at once: round trips overlap, each rtt stays its own
+STALL_S = 0.5  # an answer slower than this (a frozen host) lets every other host's ping go out meanwhile
 
 
 @dataclass
@@ -132,7 +133,7 @@ def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, A
                 attach(i)
             else:
                 kept[i] = found
-        pings = _KeptPings(server, kept, attach)
+        pings = _KeptPings(server, kept, attach, min(IN_FLIGHT, threads))
         try:
             for i in range(len(hosts)):
                 answer = pings.answer(i)
@@ -149,10 +150,12 @@ def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, A
 
 
 class _KeptPings:
-    """The kept hosts' pings of one request, in request order, at most IN_FLIGHT outstanding."""
+    """The kept hosts' pings of one request, in request order, at most ``window`` outstanding."""
 
-    def __init__(self, server: mux.MuxServer, kept: dict[int, mux.KeptHost], attach: Callable[[int], None]):
+    def __init__(self, server: mux.MuxServer, kept: dict[int, mux.KeptHost], attach: Callable[[int], None],
+                 window: int) -> None:
         self.server = server
+        self.window = window
         self.unsent = deque(sorted(kept.items()))
         self.flights: dict[int, _Flight] = {}
         self.answers: dict[int, dict[str, Any]] = {}
@@ -170,21 +173,21 @@ class _KeptPings:
 
     def settle(self) -> None:
         """Read every answer in flight (kept for its turn)."""
-        for i, flight in list(self.flights.items()):
-            del self.flights[i]
-            answer = self._read(i, flight)
+        while self.flights:
+            i = min(self.flights)
+            answer = self._read(i, self.flights.pop(i))
             if answer is not None:
                 self.answers[i] = answer
 
     def close(self) -> None:
-        """Nothing left in flight (each agent between two requests) and no host held."""
-        self.settle()
+        """No host held, and nothing left in flight (each agent between two requests)."""
         for _i, kept in self.unsent:
             self.server.release(kept)
         self.unsent.clear()
+        self.settle()
 
     def _top_up(self) -> None:
-        while self.unsent and len(self.flights) < IN_FLIGHT:
+        while self.unsent and len(self.flights) < self.window:
             i, kept = self.unsent.popleft()
             start = time.perf_counter()
             try:
@@ -200,6 +203,11 @@ class _KeptPings:
 
     def _read(self, i: int, flight: _Flight) -> dict[str, Any] | None:
         kept = flight.kept
+        if not kept.main.ping_arrived(flight.sent, STALL_S):
+            # A host this slow (frozen, or its link down) must not hold the others' pings back until
+            # its timeout: they all go out now, so many such hosts time out together, not in turn.
+            self.window = len(self.unsent) + len(self.flights) + 1
+            self._top_up()
         try:
             info = kept.main.ping_answer(flight.sent)
         except Exception as exc:
