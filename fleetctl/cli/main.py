@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import logging
 import os
@@ -16,6 +18,11 @@ from fleetctl import __version__
 from fleetctl.cli import options
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import ExitCode, FleetError
+
+# The process ends without the interpreter's last garbage collection over everything the command
+# built (60 ms of CPU for a 200-host inventory, a sixth of a kept-connection ping): at exit nothing
+# waits on it (files are closed as their last reference goes; cycles are not finalized either way).
+atexit.register(gc.freeze)
 
 # Each command's module is imported when that command runs (click's lazy-loading pattern): a
 # command pays only for its own imports, which is most of a short command's time.
