@@ -305,7 +305,8 @@ def report(bench: FullEnv, load: float) -> str:
         f"- controller peak RSS over every overlay: {max(overlays, default=float('nan')):.0f} MB "
         "(target: under 300 MB)",
         *[f"- release build {k[6:]}: {v}" for k, v in f.items() if k.startswith("build ")],
-        "- bytes: SSH bytes of the fleetctl process (both hops: source -> controller -> targets); RSS: that",
+        "- bytes: bytes of the fleetctl process (both hops: source -> controller -> targets): paramiko's SSH",
+        "  packets plus the stream it moves through its ssh children's pipes (transport/openssh.py); RSS: that",
         "  process's own peak (wait4), the ssh children of --direct run on the targets.", "",
     ]
     return "\n".join(lines)

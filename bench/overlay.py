@@ -44,6 +44,13 @@ def write_all(self, out):
 def read_all(self, k, check_rekey=False):
     n["in"] += k; return r(self, k, check_rekey)
 p.Packetizer.write_all, p.Packetizer.read_all = write_all, read_all
+import fleetctl.transport.openssh as o  # the bulk stream through ssh processes: its payload bytes
+s_, r_ = o.OpenSSHStream.send, o.OpenSSHStream.recv
+def send(self, data):
+    n["out"] += len(data); return s_(self, data)
+def recv(self, k, timeout):
+    data = r_(self, k, timeout); n["in"] += len(data); return data
+o.OpenSSHStream.send, o.OpenSSHStream.recv = send, recv
 from fleetctl.cli.main import main
 rc = main(sys.argv[1:])
 sys.stderr.write("@@BYTES %d %d\\n" % (n["out"], n["in"]))
