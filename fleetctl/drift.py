@@ -8,14 +8,12 @@ the most common version) and per-host findings, each a class of its own.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
-
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from fleetctl import drift_requirements, hostpaths
 from fleetctl.errors import InputError, RemoteOperationError
@@ -43,6 +41,13 @@ class Kind(StrEnum):
 
 
 INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY, Kind.SHARED})
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503's normalized name, as packaging.utils.canonicalize_name gives it (without importing
+    packaging's version and tag modules on every drift run)."""
+    return _SEPARATORS.sub("-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,8 @@ def _most_common(seen: Counter[str]) -> str:
 
 
 def _version_key(text: str) -> tuple[int, Any]:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return (1, Version(text.split(" + ")[0]))
     except InvalidVersion:

@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,7 +125,8 @@ def _load(path: Path) -> list[Problem] | None:
 def _store(path: Path, found: list[Problem]) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")  # 0600
+        tmp = path.parent / f".tmp-{os.getpid()}-{os.urandom(4).hex()}.json"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump([list(p) for p in found], handle)
