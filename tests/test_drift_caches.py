@@ -95,3 +95,32 @@ def test_kept_requirement_answers_follow_a_changed_metadata(tmp_path: Path, monk
     for path in (tmp_path / "drift-requirements").glob("*.json"):
         path.write_text('{"not": "a list"}')  # damaged: evaluated again, never believed
     assert core.unsatisfied_findings(inv) == first and len(evaluated) == 3
+
+
+def _collect_forked(venv: Path, cache: Path) -> dict:
+    """collect_local with the stat pass spread over 3 forked workers whatever the venv's size."""
+    import json
+    import subprocess
+
+    from fleetctl.transport.agent import module_source
+    code = ("import json,sys; ns = {'__name__': 'fleetctl_remote_distributions'}; exec(sys.argv[1], ns); "
+            "ns['PARALLEL_MIN_FILES'] = 0; ns['worker_count'] = lambda: 3; "
+            "print(json.dumps(ns['main'](json.loads(sys.argv[2]))))")
+    args = json.dumps({"verify_files": True, "cache_dir": str(cache)})
+    out = subprocess.run([str(venv / "bin/python"), "-c", code, module_source("distributions")[0], args],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_forked_stat_pass_answers_as_one_process(tmp_path: Path) -> None:
+    venv = make_clean_venv(tmp_path / "venv")
+    one = collect_local(venv, tmp_path / "one")
+    forked = _collect_forked(venv, tmp_path / "forked")
+    assert forked["dists"] == one["dists"] and forked["files"]["checked"] == one["files"]["checked"]
+    again = _collect_forked(venv, tmp_path / "forked")["files"]  # warm: every outcome from its snapshot
+    assert again["cache_misses"] == 0 and again["cache_hits"] == again["checked"]
+    (venv / SITE / "urllib3/util/retry.py").write_text("# hand edit\n")
+    (venv / SITE / "idna/codec.py").unlink()
+    files = _collect_forked(venv, tmp_path / "forked")["files"]
+    assert files["modified"] == [{"dist": "urllib3", "path": f"{SITE}/urllib3/util/retry.py"}]
+    assert files["missing"] == [{"dist": "idna", "path": f"{SITE}/idna/codec.py"}]

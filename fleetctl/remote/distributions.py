@@ -1,4 +1,5 @@
 # fleetctl-include: dist_cache
+# fleetctl-include: parallel_stat
 """Every distribution installed in one Python environment, and (optionally) whether its files
 still match its RECORD. Run by that environment's own interpreter (the agent starts it as a
 child), so the site-packages folders are the venv's.
@@ -274,8 +275,8 @@ def verify(dists, params):
     # What a distribution's outcome depends on besides its RECORD and its files' stats: the
     # interpreter paths a console script's shebang may name, and the files a release patched.
     context = (prefix, sys.executable, tuple(sys.version_info[:2]), sorted(patched.items()))
-    for dist in dists:
-        verify_dist(dist, prefix, cache, patched, context, out)
+    for dist, stamps in zip(dists, stamps_in_parallel(dists)):
+        verify_dist(dist, prefix, cache, patched, context, out, stamps)
     shadowed = shadowed_dist_infos(dists)
     out["shared"] = shared_files(dists, shadowed, out, prefix, cache)
     out["orphans"] = find_orphans(dists, shadowed, prefix, cache)
@@ -287,34 +288,12 @@ def verify(dists, params):
     return out
 
 
-def verify_dist(dist, prefix, cache, patched, context, out):
-    """One distribution's RECORD against the disk. The loop runs for every file of every package
-    on every audit, so it stays lean: one os.stat per file, and when the stats pin the outcome of
-    an earlier run (the snapshot), nothing else."""
-    site, bindir, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.stat
-    sts, stamps = [], []
-    keep, stamp = sts.append, stamps.extend
-    targets, scripts = stat_targets(dist)
-    try:  # stat relative to the site folder: the kernel walks 3 path parts, not 9
-        site_fd = os.open(site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if stat in os.supports_dir_fd else None
-    except OSError:
-        site_fd = None
-    if site_fd is None:  # no dir_fd: every path whole
-        targets = [t if t.startswith("/") else site + "/" + t for t in targets]
-    try:
-        for target in targets:  # relative to site_fd, or absolute (dir_fd is then ignored)
-            try:
-                st = stat(target, dir_fd=site_fd)
-            except OSError:
-                st = None
-                stamps.append(None)
-            else:
-                stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-            keep(st)
-    finally:
-        if site_fd is not None:
-            os.close(site_fd)
-    scripts = [path for path in scripts if os.path.exists(path)]  # those the stat pass found
+def verify_dist(dist, prefix, cache, patched, context, out, stamps):
+    """One distribution's RECORD against the disk. ``stamps``: its files' stats (stat_dist's, from
+    the parallel stat pass); when they pin the outcome of an earlier run (the snapshot), nothing
+    else is read."""
+    site, bindir = dist["site"], os.path.join(prefix, "bin") + "/"
+    scripts = [path for path in stat_targets(dist)[1] if os.path.exists(path)]  # those the stat pass finds
     where = lambda path: {"dist": dist["name"], "path": under(path, prefix)}  # noqa: E731 - only for findings
     for path in scripts:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
         outside = foreign_interpreter(path, prefix)
@@ -331,6 +310,8 @@ def verify_dist(dist, prefix, cache, patched, context, out):
         dist["_matched"] = known["matched"]
         return
     before = cache.hits + cache.misses
+    sts = stat_dist(dist, True)[0]  # stat again: a file changed since is checked as it is now, and
+    # the snapshot keeps the earlier stamps, so the next run checks it again
     found = {key: [] for key in DIST_OUTCOME}
     matched = checked = 0
     for (path, digest), st in zip(record_files(dist), sts):
