@@ -8,19 +8,14 @@ the most common version) and per-host findings, each a class of its own.
 from __future__ import annotations
 
 import fnmatch
-import functools
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from packaging.markers import InvalidMarker
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-
-from fleetctl import hostpaths
+from fleetctl import drift_requirements, hostpaths
 from fleetctl.errors import InputError, RemoteOperationError
 from fleetctl.facts import collect_gpu
 from fleetctl.gpu import GpuFacts
@@ -46,6 +41,13 @@ class Kind(StrEnum):
 
 
 INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY, Kind.SHARED})
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503's normalized name, as packaging.utils.canonicalize_name gives it (without importing
+    packaging's version and tag modules on every drift run)."""
+    return _SEPARATORS.sub("-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def _most_common(seen: Counter[str]) -> str:
 
 
 def _version_key(text: str) -> tuple[int, Any]:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return (1, Version(text.split(" + ")[0]))
     except InvalidVersion:
@@ -230,49 +234,11 @@ def duplicate_findings(inv: HostInventory) -> list[Finding]:
 
 
 def unsatisfied_findings(inv: HostInventory) -> list[Finding]:
-    """What ``pip check`` reports, from Requires-Dist and the host's own marker environment."""
-    env = tuple(sorted({**inv.markers, "extra": ""}.items()))
-    out = []
-    for name, dists in sorted(inv.dists.items()):
-        for text in sorted({r for d in dists for r in d.requires}):
-            problem = _unsatisfied(text, env, inv)
-            if problem:
-                out.append(Finding(inv.host, Kind.UNSATISFIED, name, text, problem[0], f"{name} requires {text}: "
-                                   + problem[1]))
-    return out
-
-
-@functools.lru_cache(maxsize=65536)
-def _requirement(text: str) -> Requirement | None:
-    """Parsed once per run, not once per host: packaging's parser is pure Python and a fleet's
-    venvs repeat the same Requires-Dist lines (32 hosts of sglang: 0.3-0.5 s of the audit)."""
-    try:
-        return Requirement(text)
-    except InvalidRequirement:
-        return None  # pip check skips what it cannot parse too
-
-
-@functools.lru_cache(maxsize=65536)
-def _applies(text: str, env: tuple[tuple[str, str], ...]) -> bool:
-    req = _requirement(text)
-    if req is None:
-        return False
-    try:
-        return req.marker is None or req.marker.evaluate(dict(env))
-    except InvalidMarker:
-        return False
-
-
-def _unsatisfied(text: str, env: tuple[tuple[str, str], ...], inv: HostInventory) -> tuple[str | None, str] | None:
-    req = _requirement(text)
-    if req is None or not _applies(text, env):
-        return None
-    have = inv.version(canonicalize_name(req.name))
-    if have is None:
-        return None, "not installed"
-    if req.specifier and not req.specifier.contains(have.split(" + ")[0], prereleases=True):
-        return have, f"{have} is installed"
-    return None
+    """What ``pip check`` reports, from Requires-Dist and the host's own marker environment
+    (``drift_requirements``: an unchanged venv's answer comes from the controller's cache)."""
+    dists = {name: [(d.version, d.requires) for d in found] for name, found in inv.dists.items()}
+    return [Finding(inv.host, Kind.UNSATISFIED, name, text, actual, detail)
+            for name, text, actual, detail in drift_requirements.problems(inv.markers, dists)]
 
 
 def stack_findings(inv: HostInventory, base: Baseline) -> list[Finding]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from typing import TYPE_CHECKING
 
 from fleetctl.errors import InputError
+
+if TYPE_CHECKING:  # imported where a lock is read: `drift` without --lock never loads packaging's parser
+    from packaging.requirements import Requirement
 
 # pip freeze leaves these out of its output; a lock made by it never pins them.
 FREEZE_EXCLUDED = frozenset({"pip", "setuptools", "wheel", "distribute"})
@@ -41,6 +42,8 @@ def requirement_lines(path: Path, what: str) -> list[tuple[int, str, Requirement
     skipped; a line's ``--hash=`` options (pip's hash-checking form) are kept in the text but not
     parsed as the requirement; other options (-e, -r, --index-url) refused: one error naming
     file:line."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -71,6 +74,8 @@ def parse_lock(path: Path) -> dict[str, Pin]:
 
 
 def _pin(path: Path, number: int, text: str, req: Requirement) -> Pin:
+    from packaging.utils import canonicalize_name
+
     specs = list(req.specifier)
     if req.url or len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
         raise InputError(f"{path}:{number}: {text!r} is not an exact pin (expected name==version)")

@@ -146,14 +146,17 @@ def _cache_file(cache: Path) -> Path:
 def test_hash_cache_is_private_and_not_rewritten_when_nothing_changed(clean_venv: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     collect_local(clean_venv, cache)
-    path = _cache_file(cache)
-    assert cache.stat().st_mode & 0o777 == 0o700 and path.stat().st_mode & 0o777 == 0o600
-    before = path.stat()
-    files = collect_local(clean_venv, cache)["files"]
+    path, (parsed,) = _cache_file(cache), cache.glob("dists-*.marshal")
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600 and parsed.stat().st_mode & 0o777 == 0o600
+    before = [path.stat(), parsed.stat()]
+    answer = collect_local(clean_venv, cache)
+    files = answer["files"]
     assert files["cache_misses"] == 0 and files["cache_error"] is None and files["cache_ignored"] is None
-    after = path.stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not written again
-    assert list(cache.iterdir()) == [path]  # no temp file left behind
+    assert answer["dist_cache"] == {"ignored": None, "error": None}
+    after = [path.stat(), parsed.stat()]
+    assert [(a.st_ino, a.st_mtime_ns) for a in after] == [(b.st_ino, b.st_mtime_ns) for b in before]  # not rewritten
+    assert sorted(cache.iterdir()) == sorted([path, parsed])  # no temp file left behind
 
 
 def test_rewrite_that_restores_the_old_mtime_is_still_found(venv: Path, tmp_path: Path) -> None:

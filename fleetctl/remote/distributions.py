@@ -1,4 +1,5 @@
-# fleetctl-include: hash_cache
+# fleetctl-include: dist_cache
+# fleetctl-include: parallel_stat
 """Every distribution installed in one Python environment, and (optionally) whether its files
 still match its RECORD. Run by that environment's own interpreter (the agent starts it as a
 child), so the site-packages folders are the venv's.
@@ -7,7 +8,8 @@ Stdlib only, Python >= 3.8. One call answers everything drift needs from a host.
 
 params:
   verify_files: bool       hash every RECORD file; list missing files and orphans
-  cache_dir: str           where the hash cache lives (default /var/lib/fleetctl/cache; a user
+  cache_dir: str           where the hash cache and the parsed dist-info cache live (default
+                           /var/lib/fleetctl/cache; a user
                            who cannot write it keeps its own in ~/.cache/fleetctl/cache)
   release_manifest: str    manifest.json of the release owning this venv (default: ../manifest.json)
   overlays_dir: str        where `fleetctl venv overlay` keeps its manifests (default /var/lib/fleetctl/overlays)
@@ -35,10 +37,12 @@ def main(params):
     params = params or {}
     dirs = site_dirs()
     dists = []
+    cache_dir = user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache")
+    parsed = DistCache(cache_dir, os.path.realpath(sys.prefix))
     for site in dirs:
         for entry in sorted(os.listdir(site)) if os.path.isdir(site) else []:
             if entry.endswith(".dist-info") and os.path.isdir(os.path.join(site, entry)):
-                dists.append(read_dist(site, entry))
+                dists.append(read_dist_cached(site, entry, parsed))
     answer = {
         "schema": 1,
         "python": sys.executable,
@@ -56,9 +60,10 @@ def main(params):
     mark_overlays(dists, params.get("overlays_dir") or "/var/lib/fleetctl/overlays")
     if params.get("verify_files"):
         answer["files"] = verify(dists, params)
+    answer["dist_cache"] = {"ignored": parsed.ignored, "error": parsed.save()}
     for dist in dists:
-        dist.pop("_record", None)
-        dist.pop("_record_sha256", None)
+        for key in [k for k in dist if k.startswith("_")]:
+            del dist[key]
     return answer
 
 
@@ -133,6 +138,7 @@ def read_dist(site, entry):
         "top_level": top_level(folder, record),
         "record_files": len(record),
         "_record": record,
+        "_record_path": os.path.join(folder, "RECORD"),
         "_record_sha256": record_sha256,
     }
 
@@ -269,8 +275,8 @@ def verify(dists, params):
     # What a distribution's outcome depends on besides its RECORD and its files' stats: the
     # interpreter paths a console script's shebang may name, and the files a release patched.
     context = (prefix, sys.executable, tuple(sys.version_info[:2]), sorted(patched.items()))
-    for dist in dists:
-        verify_dist(dist, prefix, cache, patched, context, out)
+    for dist, stamps in zip(dists, stamps_in_parallel(dists)):
+        verify_dist(dist, prefix, cache, patched, context, out, stamps)
     shadowed = shadowed_dist_infos(dists)
     out["shared"] = shared_files(dists, shadowed, out, prefix, cache)
     out["orphans"] = find_orphans(dists, shadowed, prefix, cache)
@@ -282,32 +288,12 @@ def verify(dists, params):
     return out
 
 
-def verify_dist(dist, prefix, cache, patched, context, out):
-    """One distribution's RECORD against the disk. The loop runs for every file of every package
-    on every audit, so it stays lean: one os.stat per file, and when the stats pin the outcome of
-    an earlier run (the snapshot), nothing else."""
-    site, bindir, stat = dist["site"], os.path.join(prefix, "bin") + "/", os.stat
-    sts, stamps, scripts = [], [], []
-    keep, stamp = sts.append, stamps.extend
-    try:  # stat relative to the site folder: the kernel walks 3 path parts, not 9
-        site_fd = os.open(site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if stat in os.supports_dir_fd else None
-    except OSError:
-        site_fd = None
-    try:
-        for path, rel in stat_targets(dist):
-            try:
-                st = stat(rel, dir_fd=site_fd) if rel is not None and site_fd is not None else stat(path)
-            except OSError:
-                st = None
-                stamps.append(None)
-            else:
-                stamp((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-                if rel is None and path.startswith(bindir):
-                    scripts.append(path)
-            keep(st)
-    finally:
-        if site_fd is not None:
-            os.close(site_fd)
+def verify_dist(dist, prefix, cache, patched, context, out, stamps):
+    """One distribution's RECORD against the disk. ``stamps``: its files' stats (stat_dist's, from
+    the parallel stat pass); when they pin the outcome of an earlier run (the snapshot), nothing
+    else is read."""
+    site, bindir = dist["site"], os.path.join(prefix, "bin") + "/"
+    scripts = [path for path in stat_targets(dist)[1] if os.path.exists(path)]  # those the stat pass finds
     where = lambda path: {"dist": dist["name"], "path": under(path, prefix)}  # noqa: E731 - only for findings
     for path in scripts:  # checked even when the hash matches: a copied RECORD vouches for a copied shebang
         outside = foreign_interpreter(path, prefix)
@@ -324,6 +310,8 @@ def verify_dist(dist, prefix, cache, patched, context, out):
         dist["_matched"] = known["matched"]
         return
     before = cache.hits + cache.misses
+    sts = stat_dist(dist, True)[0]  # stat again: a file changed since is checked as it is now, and
+    # the snapshot keeps the earlier stamps, so the next run checks it again
     found = {key: [] for key in DIST_OUTCOME}
     matched = checked = 0
     for (path, digest), st in zip(record_files(dist), sts):
@@ -353,27 +341,27 @@ def verify_dist(dist, prefix, cache, patched, context, out):
 
 
 def stat_targets(dist):
-    """(full path, path relative to the site folder or None) of each ``record_files`` row, in its
-    order. A kept agent (AGENT_MEMO) keeps the list per distribution folder and RECORD content."""
+    """(paths to stat, console scripts) of ``record_files`` rows, in their order (compact_targets):
+    from the dist cache when the dist came from it, else a kept agent (AGENT_MEMO) keeps them per
+    distribution folder and RECORD content."""
+    if dist.get("_targets") is not None:
+        return dist["_targets"], dist["_scripts"]
     memo = globals().get("AGENT_MEMO")
     key = ("stat_targets", dist["site"], dist["dist_info"])
     if memo is not None:
         known = memo.get(key)
         if known is not None and known[0] == dist["_record_sha256"]:
             return known[1]
-    site = dist["site"]
-    cut = len(site) + 1
-    targets = tuple((path, path[cut:] if path[cut - 1:cut] == "/" and path.startswith(site) else None)
-                    for path, _digest in record_files(dist))
+    found = compact_targets(dist)
     if memo is not None:
-        memo[key] = (dist["_record_sha256"], targets)  # one entry per distribution folder: bounded
-    return targets
+        memo[key] = (dist["_record_sha256"], found)  # one entry per distribution folder: bounded
+    return found
 
 
 def record_files(dist):
     """(path, 'algo=digest' or '') of each RECORD row of ``dist`` but compiled files."""
     site, normpath = dist["site"], os.path.normpath
-    for rel, digest, _size in dist["_record"]:
+    for rel, digest, _size in record_rows(dist):
         path = site + "/" + rel
         if "/." in path or "//" in path:  # only rows like ../../bin/x need the slow normalisation
             path = normpath(path)
@@ -435,7 +423,7 @@ def shadowed_dist_infos(dists):
     shadowed = set()
     for group in by_name.values():
         if len(group) > 1:
-            ranked = sorted(group, key=lambda d: d.get("_matched", 0) / max(1, len(d["_record"])))
+            ranked = sorted(group, key=lambda d: d.get("_matched", 0) / max(1, d["record_files"]))
             shadowed.update(d["dist_info"] for d in ranked[:-1])
     return shadowed
 
@@ -446,23 +434,41 @@ def shared_files(dists, shadowed, out, prefix, cache):
     then differs from the others' RECORD. Where it matches one owner's hash exactly, it is not a
     modified file but a shared one: moved from ``modified`` to the answer, one item per path, the
     owners named and whose copy is installed. Only modified paths are looked up, so a venv with
-    none costs nothing here."""
+    none costs nothing here. The answer of an earlier run is reused while the modified paths, their
+    files' stats and every live RECORD are the same (its work reads every RECORD row and the
+    per-file hash entries)."""
     if not out["modified"]:
         return []
     wanted = {}
     for item in out["modified"]:
         wanted.setdefault(os.path.normpath(os.path.join(prefix, item["path"])), []).append(item)
+    stamps = []
+    for path in sorted(wanted):
+        try:
+            st = os.stat(path)
+            stamps.extend((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+        except OSError:
+            stamps.append(None)
+    records = [(d["name"], d["site"], d["dist_info"], d["_record_sha256"]) for d in dists if d["dist_info"] not in shadowed]
+    value = pin(stamps, prefix, sorted(wanted), records)
+    known = cache.snapshot("shared", value)
+    if (type(known) is dict and type(known.get("shared")) is list and type(known.get("moved")) is list
+            and all(type(i) is dict for i in known["shared"]) and all(type(p) is str for p in known["moved"])):
+        moved_paths = set(known["moved"])
+        out["modified"] = [i for i in out["modified"]
+                           if os.path.normpath(os.path.join(prefix, i["path"])) not in moved_paths]
+        return known["shared"]
     owners = {}  # full path -> [(dist name, digest)] of every live RECORD listing it
     for dist in dists:
         if dist["dist_info"] in shadowed:
             continue
         site = dist["site"]
-        for rel, digest, _size in dist["_record"]:
+        for rel, digest, _size in record_rows(dist):
             path = os.path.normpath(site + "/" + rel)
             if path in wanted:
                 owners.setdefault(path, []).append((dist["name"], digest))
     shared, moved = [], set()
-    for path, items in sorted(wanted.items()):
+    for path in sorted(wanted):
         listed = owners.get(path, [])
         if len(set(name for name, _ in listed)) < 2:
             continue
@@ -476,8 +482,9 @@ def shared_files(dists, shadowed, out, prefix, cache):
             continue  # matches no owner: a modified file after all
         shared.append({"dist": winner, "path": under(path, prefix),
                        "owners": sorted(set(name for name, _ in listed)), "installed": winner})
-        moved.update(id(i) for i in items)
-    out["modified"] = [i for i in out["modified"] if id(i) not in moved]
+        moved.add(path)
+    out["modified"] = [i for i in out["modified"] if os.path.normpath(os.path.join(prefix, i["path"])) not in moved]
+    cache.keep_snapshot("shared", value, {"shared": shared, "moved": sorted(moved)})
     return shared
 
 
@@ -486,7 +493,7 @@ def record_owners(dists):
     owners = {}
     for dist in dists:
         site, info = dist["site"], dist["dist_info"]
-        for rel, _digest, _size in dist["_record"]:
+        for rel, _digest, _size in record_rows(dist):
             path = site + "/" + rel
             if "/." in path or "//" in path:
                 path = os.path.normpath(path)
