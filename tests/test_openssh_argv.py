@@ -7,7 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fleetctl.transport.openssh import ssh_argv
+import pytest
+
+from fleetctl.errors import ConnectError
+from fleetctl.transport.openssh import OpenSSHStream, ssh_argv
 from fleetctl.transport.target import Become, SSHTarget
 
 KNOWN = Path("/etc/fleetctl/known_hosts")
@@ -60,3 +63,16 @@ def test_become_wraps_the_command_in_sudo_and_agent_choice_is_kept() -> None:
     assert argv is not None
     assert argv[-1].startswith("sudo -H -n -u root -- /bin/sh -c")
     assert options(argv)["IdentityAgent"] == "none" and options(argv)["IdentitiesOnly"] == "yes"
+
+
+def test_an_ssh_that_ended_is_one_line_naming_the_host_and_what_ssh_said() -> None:
+    # A stand-in for ssh refusing the host (a real child process; the lab tests run real ssh).
+    stream = OpenSSHStream(["/bin/sh", "-c", "echo 'Host key verification failed.' >&2; exit 255"], "gpu-b")
+    try:
+        with pytest.raises(ConnectError) as err:
+            stream.send(b"x" * (4 << 20))  # more than the pipe holds: the write meets the closed end
+        assert err.value.host == "gpu-b"
+        assert err.value.reason == "ssh ended (exit 255): Host key verification failed."
+        assert stream.connection_lost()
+    finally:
+        stream.close()

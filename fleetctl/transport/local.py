@@ -16,37 +16,36 @@ from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
 
 
-class LocalStream:
-    """A child process whose stdin/stdout carry the agent protocol."""
+class PipeStream:
+    """A child process (``argv``) whose stdin/stdout carry a stream; stderr kept as a short tail."""
 
-    def __init__(self, command: str) -> None:
-        self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-        )
+    close_wait = 3.0  # seconds for the child to exit at EOF before it is killed
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, bufsize=0)
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self._errfd = self.proc.stderr.fileno()
         self._err: deque[bytes] = deque(maxlen=64)
 
     def send(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._in, view):]
 
     def recv(self, max_bytes: int, timeout: float | None) -> bytes:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        ready, _, _ = select.select([fd], [], [], timeout)
+        ready, _, _ = select.select([self._out], [], [], timeout)
         if not ready:
             raise TimeoutError
-        return os.read(fd, max_bytes)
+        return os.read(self._out, max_bytes)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def stderr_tail(self) -> str:
-        assert self.proc.stderr is not None
-        fd = self.proc.stderr.fileno()
-        while select.select([fd], [], [], 0)[0]:
-            chunk = os.read(fd, 65536)
+        while select.select([self._errfd], [], [], 0)[0]:
+            chunk = os.read(self._errfd, 65536)
             if not chunk:
                 break
             self._err.append(chunk)
@@ -55,13 +54,20 @@ class LocalStream:
     def close(self) -> None:
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
-                with contextlib.suppress(OSError):  # stdin's unflushed bytes to an agent already dead
+                with contextlib.suppress(OSError):  # stdin's unflushed bytes to a child already dead
                     pipe.close()
         try:
-            self.proc.wait(timeout=3)  # the agent exits at EOF, or its watchdog ends it
+            self.proc.wait(timeout=self.close_wait)  # the child exits at EOF (an agent: or its watchdog ends it)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class LocalStream(PipeStream):
+    """A shell command on the controller whose stdin/stdout carry the agent protocol."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(["/bin/sh", "-c", command])
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -24,13 +24,12 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections import deque
 from typing import Any
 
-from fleetctl.errors import BecomeError
+from fleetctl.errors import BecomeError, ConnectError
 from fleetctl.transport import become
 from fleetctl.transport.base import Stream
-from fleetctl.transport.output import tail_text
+from fleetctl.transport.local import PipeStream
 from fleetctl.transport.target import SSHTarget
 
 # OpenSSH's own default ciphers, AES-GCM first (AES-NI makes it the cheapest per byte): the same
@@ -76,26 +75,30 @@ def ssh_argv(target: SSHTarget, command: str | None = None, forward: str | None 
     return argv
 
 
-class OpenSSHStream:
-    """An ``ssh`` child whose stdin/stdout carry a remote command's stream (the ``Stream`` protocol)."""
+class OpenSSHStream(PipeStream):
+    """An ``ssh`` child whose stdin/stdout carry a remote command's stream (the ``Stream`` protocol),
+    with what sudo's handshake reads (``stdout_ready``, ``read_stderr``) and ssh's exit status 255
+    as the lost connection."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, bufsize=0)
-        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
-        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        self._errfd = self.proc.stderr.fileno()
+    close_wait = 5.0  # the remote command ends at EOF
+
+    def __init__(self, argv: list[str], host: str) -> None:
+        super().__init__(argv)
+        self.host = host
         for fd in (self._in, self._out):
             with contextlib.suppress(OSError):  # a smaller pipe only costs more wake-ups
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
-        self._err: deque[bytes] = deque(maxlen=64)
         self._err_open = True
         self._ahead = b""  # stdout read by stdout_ready() and not yet handed out
 
     def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._in, view):]
+        try:
+            super().send(data)
+        except BrokenPipeError:  # ssh ended: say what it said (a refused key, a host key mismatch)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=1.0)
+            raise ConnectError(self.host, f"ssh ended (exit {self.proc.returncode}): "
+                                          f"{self.stderr_tail().strip() or 'it said nothing'}") from None
 
     def recv(self, max_bytes: int, timeout: float | None) -> bytes:
         if self._ahead:
@@ -105,8 +108,11 @@ class OpenSSHStream:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([self._out, *([self._errfd] if self._err_open else [])], [], [], left)
-            if self._errfd in ready:
-                self._drain_stderr()
+            if self._errfd in ready:  # unread stderr would fill its pipe and stall ssh: keep the tail
+                chunk = os.read(self._errfd, 65536)
+                self._err_open = bool(chunk)
+                if chunk:
+                    self._err.append(chunk)
             if self._out in ready:
                 return os.read(self._out, max_bytes)
             if not ready:
@@ -130,40 +136,11 @@ class OpenSSHStream:
             data += chunk
         return data
 
-    def _drain_stderr(self) -> None:
-        # Unread stderr would fill its pipe and stall ssh; keep only the tail.
-        chunk = os.read(self._errfd, 65536)
-        if chunk:
-            self._err.append(chunk)
-        else:
-            self._err_open = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def connection_lost(self, grace: float = 1.0) -> bool:
         """Whether the connection itself went away: ssh exits 255 for that (not for the command)."""
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace)
         return self.proc.returncode == 255
-
-    def stderr_tail(self) -> str:
-        while select.select([self._errfd], [], [], 0)[0]:
-            chunk = os.read(self._errfd, 65536)
-            if not chunk:
-                break
-            self._err.append(chunk)
-        return tail_text(b"".join(self._err))
-
-    def close(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
-        try:
-            self.proc.wait(timeout=5)  # the remote command ends at EOF
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def bulk_stream(connector: Any, command: str) -> Stream:
@@ -173,7 +150,7 @@ def bulk_stream(connector: Any, command: str) -> Stream:
     argv = ssh_argv(target, command) if target is not None and openssh_wanted() else None
     if argv is None:
         return connector.open_stream(command)
-    stream = OpenSSHStream(argv)
+    stream = OpenSSHStream(argv, connector.host)
     if target is not None and target.become is not None:
         try:
             become.handshake(stream, target.become, connector.host, target.user, target.connect_timeout)
