@@ -177,3 +177,21 @@ def test_playbook_vault_values_and_encrypted_copy_source(tmp_path: Path, capsys:
         assert "pb-vault-secret-77" not in text and "secret file line" not in text
     r = run_cli(capsys, "-i", str(inv), "run", str(book), "--json")
     assert r.rc == 3 and "book.yml:3: vault-encrypted, but no vault password was given" in r.err
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("hosts.ini", "[gpu]\nct1 hf_token=hf_ini-secret gpus=8\n\n[gpu:vars]\nrouter_key=ini-group-secret\n"),
+    ("hosts", "all:\n  children:\n    gpu:\n      hosts:\n        ct1: {hf_token: hf_ini-secret, gpus: 8}\n"
+              "      vars: {router_key: ini-group-secret}\n"),  # no extension: read as YAML once decrypted
+])
+def test_a_whole_encrypted_inventory_file_holds_secrets(tmp_path: Path, name: str, text: str) -> None:
+    """An inventory file encrypted whole (INI, or YAML without an extension) gives every value as a
+    secret, as group_vars files do: masked in output without secret_vars; numbers stay numbers."""
+    secret = read_password_file(str(FIX / "pw-default"))
+    path = tmp_path / name
+    path.write_text(encrypt(text.encode(), secret.password))
+    ct1 = load_inventory(path, vault=Vault([secret])).hosts["ct1"]
+    assert ct1.vars["hf_token"] == "hf_ini-secret" and isinstance(ct1.vars["hf_token"], VaultStr)
+    assert isinstance(ct1.vars["router_key"], VaultStr) and ct1.vars["gpus"] == 8
+    shown = ct1.to_dict()["vars"]
+    assert shown["hf_token"] == shown["router_key"] == MASK and shown["gpus"] == 8

@@ -15,6 +15,7 @@ from fleetctl.connection import unknown_ansible_var
 from fleetctl.errors import InventoryError
 from fleetctl.inventory.raw import RawInventory, Refused
 from fleetctl.patterns import RangeError, expand_host_range, split_host_port
+from fleetctl.vault import mark_secret
 
 _SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 _GROUP_NAME = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
@@ -51,13 +52,15 @@ class _Pending:
         self.line, self.state, self.parents = line, state, parents
 
 
-def parse_ini(path: Path, raw: RawInventory, text: str) -> None:
-    _IniParser(path, raw).parse(text.splitlines())
+def parse_ini(path: Path, raw: RawInventory, text: str, secret: bool = False) -> None:
+    """``secret``: ``text`` is what a vault-encrypted file decrypted to (every value is a secret)."""
+    _IniParser(path, raw, secret).parse(text.splitlines())
 
 
 class _IniParser:
-    def __init__(self, path: Path, raw: RawInventory) -> None:
+    def __init__(self, path: Path, raw: RawInventory, secret: bool = False) -> None:
         self.path, self.raw = path, raw
+        self.value = (lambda text: mark_secret(ini_value(text))) if secret else ini_value
         self.line = 0
         self.pending: dict[str, _Pending] = {}
 
@@ -136,7 +139,7 @@ class _IniParser:
             key, eq, value = token.partition("=")
             if not eq:
                 raise Refused(f"expected key=value host variable, got '{token}'")
-            values[key] = ini_value(value)
+            values[key] = self.value(value)
         self.check(f"host '{tokens[0]}'", values)
         try:
             names = expand_host_range(name)
@@ -151,7 +154,7 @@ class _IniParser:
             raise Refused(f"expected key=value in [{group}:vars], got '{text}'")
         key = key.strip()
         self.check(f"group '{group}'", {key: None})
-        self.raw.set_group_var(group, key, ini_value(value.strip()))
+        self.raw.set_group_var(group, key, self.value(value.strip()))
 
     def child_line(self, group: str, text: str) -> None:
         m = _GROUP_NAME.match(text)

@@ -82,11 +82,11 @@ def _parse_source(path: Path, raw: RawInventory, vault: Vault | None, top: bool 
     if ext in YAML_EXTENSIONS:
         parse_yaml(path, raw, vault=vault)
         return 1
-    text, _ = decrypt_file_text(path, read_text(path, "inventory file"), vault)
+    text, encrypted = decrypt_file_text(path, read_text(path, "inventory file"), vault)
     if not ext and _reads_as_yaml(path, text):
-        parse_yaml(path, raw, text, vault)
+        parse_yaml(path, raw, text, vault, secret=encrypted)
         return 1
-    parse_ini(path, raw, text)
+    parse_ini(path, raw, text, secret=encrypted)  # an encrypted file's values are secrets, as in YAML
     return 1
 
 

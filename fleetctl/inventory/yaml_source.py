@@ -47,9 +47,10 @@ class _Lines:
         return self._key_lines.get(id(mapping), {}).get(key, 0)
 
 
-def read_yaml_inventory(path: Path, text: str | None = None,
-                        vault: Vault | None = None) -> tuple[Any, _Lines, int]:
-    """The parsed document, its key lines, and the line where it starts."""
+def read_yaml_inventory(path: Path, text: str | None = None, vault: Vault | None = None,
+                        secret: bool = False) -> tuple[Any, _Lines, int]:
+    """The parsed document, its key lines, and the line where it starts; ``secret``: ``text`` is
+    what an encrypted file decrypted to."""
     text, encrypted = decrypt_file_text(path, read_text(path, "inventory file") if text is None else text, vault)
     loader = _LineLoader(text, path, vault)
     try:
@@ -63,7 +64,7 @@ def read_yaml_inventory(path: Path, text: str | None = None,
         check_expansion(data, str(path))
     except InputError as exc:
         raise InventoryError(str(exc)) from None
-    if encrypted:  # every string of an encrypted inventory is a secret (line numbers stay valid)
+    if encrypted or secret:  # every string of an encrypted inventory is a secret (line numbers stay valid)
         _mark_in_place(data)
     return data, _Lines(loader.key_lines), node.start_mark.line + 1 if node is not None else 1
 
@@ -79,8 +80,9 @@ def _mark_in_place(data: Any) -> None:
             _mark_in_place(value)
 
 
-def parse_yaml(path: Path, raw: RawInventory, text: str | None = None, vault: Vault | None = None) -> None:
-    data, lines, top_line = read_yaml_inventory(path, text, vault)
+def parse_yaml(path: Path, raw: RawInventory, text: str | None = None, vault: Vault | None = None,
+               secret: bool = False) -> None:
+    data, lines, top_line = read_yaml_inventory(path, text, vault, secret)
     _Parser(path, lines, raw).parse_top(data, top_line)
 
 
