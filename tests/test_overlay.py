@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl import overlay as core
 from fleetctl import overlay_abi as abi
+from fleetctl import overlay_plan as core
+from fleetctl import overlay_stream as stream
 from fleetctl.transport.agent import module_source
 
 PY311 = abi.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site",
@@ -136,7 +137,7 @@ def test_nothing_to_change_and_stream_order() -> None:
     assert not core.plan_host("t", "/v", src, same).changes
     fresh = core.TargetListing(PY311, {}, {})
     plan = core.plan_host("t", "/v", src, fresh)
-    assert [rel for _info, rel in core.send_order(src, plan)] == [
+    assert [rel for _info, rel in stream.send_order(src, plan)] == [
         "p/x.py", "p-1.dist-info/METADATA", "p-1.dist-info/RECORD"]
 
 
@@ -244,7 +245,7 @@ def test_direct_source_that_cannot_connect_says_why_in_one_line() -> None:
             direct.start()
     finally:
         direct.close()
-    line = core.direct_failure("lab2", "lab1", "Host key verification failed")
+    line = stream.direct_failure("lab2", "lab1", "Host key verification failed")
     assert line == ("lab2 cannot reach lab1 directly: Host key verification failed; "
                     "pin lab1's key in lab2's ~/.ssh/known_hosts or drop --direct")
 
@@ -257,8 +258,8 @@ def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
     source = SimpleNamespace(name="lab1", host=SimpleNamespace(
         connection=ConnectionSpec("ssh", "10.0.0.1", 2222, "ops", connect_timeout=7.0)))
     target = SimpleNamespace(name="lab2", vars={"direct_ssh_key": "/root/.ssh/fleet key"})
-    command = core.stream_command("overlay_source", "/opt/my venv/bin/python")
-    argv = core.direct_argv(source, target, command)  # type: ignore[arg-type]
+    command = stream.stream_command("overlay_source", "/opt/my venv/bin/python")
+    argv = stream.direct_argv(source, target, command)  # type: ignore[arg-type]
     assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     assert argv[argv.index("-i") + 1] == "/root/.ssh/fleet key" and argv[argv.index("-p") + 1] == "2222"
     assert argv[-2:] == ["ops@10.0.0.1", command] and "StrictHostKeyChecking=no" not in argv
@@ -330,7 +331,7 @@ def _target_run(venv: Path, plan: dict[str, Any], members: dict[str, bytes]) -> 
             item.size, item.mode = len(data), 0o644
             tar.addfile(item, io.BytesIO(data))
     body = json.dumps(plan).encode()
-    command = core.stream_command("overlay_target", str(venv / "bin" / "python"))
+    command = stream.stream_command("overlay_target", str(venv / "bin" / "python"))
     proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(struct.pack(">I", len(body)) + body + tar_bytes.getvalue())

@@ -16,6 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from fleetctl import overlay as ov
 from fleetctl import venv_create as vc
 from fleetctl.errors import HostError, InputError
+from fleetctl.overlay_plan import HostPlan, OverlayRequest
+from fleetctl.overlay_stream import stream_group
 from fleetctl.playbook.modules.base import (
     Args,
     ModuleContext,
@@ -120,18 +122,18 @@ def present(mc: ModuleContext, args: VenvArgs) -> TaskResult:
 
 # --- state: overlay ------------------------------------------------------------------------------
 
-def overlay_request(mc: ModuleContext, args: VenvArgs) -> ov.OverlayRequest:
+def overlay_request(mc: ModuleContext, args: VenvArgs) -> OverlayRequest:
     assert args.source is not None
     host = mc.run.inventory.hosts.get(args.source)
     if host is None:
         raise InputError(f"from {args.source}: no such host in the inventory")
     if args.direct and host.connection.kind != "ssh":
         raise InputError(f"direct: {args.source} is not reached over ssh, so targets cannot pull from it")
-    return ov.OverlayRequest(args.source, args.venv, args.to_venv, tuple(args.packages), mc.check, args.direct,
+    return OverlayRequest(args.source, args.venv, args.to_venv, tuple(args.packages), mc.check, args.direct,
                              args.compress)
 
 
-def source_files(mc: ModuleContext, req: ov.OverlayRequest) -> ov.SourceFiles:
+def source_files(mc: ModuleContext, req: OverlayRequest) -> ov.SourceFiles:
     """The source's listing, once per run for every target (its file lists fetched as targets need them)."""
     key = ("overlay-source", req.source, req.venv, req.target_venv, req.packages)
 
@@ -142,7 +144,7 @@ def source_files(mc: ModuleContext, req: ov.OverlayRequest) -> ov.SourceFiles:
     return on_other_host(mc, "overlay source", key, listing)
 
 
-def plan_text(plan: ov.HostPlan) -> str:
+def plan_text(plan: HostPlan) -> str:
     lines = []
     for d in plan.dists:
         if d.changes:
@@ -171,7 +173,7 @@ def overlay(mc: ModuleContext, args: VenvArgs) -> TaskResult:
     if mc.check:
         return TaskResult(changed=True, msg=f"would change {changed} distributions", data=data, diff=diff)
     source = mc.run.session(req.source)
-    outcome = ov.stream_group(source, [mc.session], files.listing, {mc.host: plan}, req)[mc.host]
+    outcome = stream_group(source, [mc.session], files.listing, {mc.host: plan}, req)[mc.host]
     if isinstance(outcome, str):
         raise HostError(mc.host, outcome)
     data["applied"] = outcome.__dict__
