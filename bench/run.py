@@ -106,13 +106,15 @@ def install_venvs(fleet: LabFleet) -> None:
 
 def build_scripts(dest: Path) -> dict[str, Path]:
     """The shared script of each job: bench/scripts/ping.py, and fleetctl's own host-side modules
-    (fleetctl/remote/*.py, verbatim) with a tail that calls them as fleetctl's agent does."""
+    (fleetctl/remote/*.py, verbatim, with their ``# fleetctl-include`` modules, as the agent ships
+    them) with a tail that calls them as fleetctl's agent does."""
+    from fleetctl.transport.agent import module_source
+
     dest.mkdir(parents=True, exist_ok=True)
-    remote = ROOT / "fleetctl" / "remote"
     out = {"ping": dest / "ping.py", "inventory": dest / "inventory.py", "search": dest / "search.py"}
     shutil.copyfile(HERE / "scripts" / "ping.py", out["ping"])
-    for job, module in (("inventory", "distributions.py"), ("search", "source.py")):
-        out[job].write_text((remote / module).read_text() + (HERE / "scripts" / f"{job}.py.tail").read_text())
+    for job, module in (("inventory", "distributions"), ("search", "source")):
+        out[job].write_text(module_source(module)[0] + "\n" + (HERE / "scripts" / f"{job}.py.tail").read_text())
     return out
 
 
