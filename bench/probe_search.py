@@ -53,7 +53,6 @@ BASE = "127.0.91.0"
 HOSTS = 8
 VERSION = "0.5.23"
 VENV = "/root/ml-env"
-SOURCE = ROOT / "fleetctl" / "remote" / "source.py"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")  # what paramiko negotiates: the like-for-like bound
 TARGETS = {"a": 3.0, "b": 1.5}
@@ -75,7 +74,9 @@ def host_search_job(site: Path, expect_lines: int, inner: list[float]) -> Job:
     import hashlib
     import tempfile
 
-    source = SOURCE.read_text()
+    from fleetctl.transport.agent import module_source
+
+    source = module_source("source")[0]  # with its includes, as the agent ships it
     # As the agent sends it: with the source's hash and a private code cache, so the first run
     # compiles the module and the later ones load the compiled code.
     cache = tempfile.mkdtemp(prefix="fleetctl-bench-code-")

@@ -18,15 +18,17 @@ from typing import Any
 
 import pytest
 from cli_support import run_cli
+from remote_support import remote_module
 from sglang_support import NEW_SGLANG, OLD_SGLANG, wheel
 
 from fleetctl.errors import InputError
 from fleetctl.probes import Expect, check_expectation
 from fleetctl.probes.search import GrepHostResult, GrepRequest, count_matrix, expectation
 from fleetctl.probes.symbols import SymbolRequest
-from fleetctl.remote import source
+from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, Status
 
+source = remote_module("source")  # with its includes, as the agent ships it
 SOURCE_FILE = Path(source.__file__)
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 HYBRID_LINEAR = "sglang/srt/layers/attention/hybrid_linear_attn_backend.py"
@@ -98,7 +100,7 @@ def naive_counts(folder: Path, terms: list[str], lower: bool = False) -> dict[st
 # -- the module itself -------------------------------------------------------------------------
 
 def test_remote_module_is_python38_syntax_and_stdlib_only() -> None:
-    tree = ast.parse(SOURCE_FILE.read_text(), feature_version=(3, 8))
+    tree = ast.parse(module_source("source")[0], feature_version=(3, 8))  # with its includes
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= sys.stdlib_module_names, imported - sys.stdlib_module_names
