@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import AgentError, ConnectError, HostKeyError, InputError, RemoteOperationError
-from fleetctl.transport import mux
+from fleetctl.transport import mux, mux_server
 from fleetctl.transport.target import Become, SSHTarget
 
 
@@ -23,18 +23,18 @@ def _target(tmp_path: Path, **over: object) -> SSHTarget:
 
 def test_a_connection_key_changes_with_whatever_decides_the_connection(tmp_path: Path) -> None:
     doc = mux.target_doc(_target(tmp_path))
-    base = mux.entry_key("gpu1", doc, ["python3"])
-    assert mux.entry_key("gpu1", doc, ["python3"]) == base
-    assert mux.entry_key("gpu2", doc, ["python3"]) != base
-    assert mux.entry_key("gpu1", {**doc, "port": 2222}, ["python3"]) != base
-    assert mux.entry_key("gpu1", doc, ["/opt/venv/bin/python", "python3"]) != base
+    base = mux_server.entry_key("gpu1", doc, ["python3"])
+    assert mux_server.entry_key("gpu1", doc, ["python3"]) == base
+    assert mux_server.entry_key("gpu2", doc, ["python3"]) != base
+    assert mux_server.entry_key("gpu1", {**doc, "port": 2222}, ["python3"]) != base
+    assert mux_server.entry_key("gpu1", doc, ["/opt/venv/bin/python", "python3"]) != base
     become = mux.target_doc(_target(tmp_path, become=Become("root")))
-    assert mux.entry_key("gpu1", become, ["python3"]) != base  # an agent under sudo is another agent
+    assert mux_server.entry_key("gpu1", become, ["python3"]) != base  # an agent under sudo is another agent
     other = mux.target_doc(_target(tmp_path, become=Become("svc")))
-    assert mux.entry_key("gpu1", other, ["python3"]) != mux.entry_key("gpu1", become, ["python3"])
+    assert mux_server.entry_key("gpu1", other, ["python3"]) != mux_server.entry_key("gpu1", become, ["python3"])
     known = Path(doc["known_hosts"])
     known.write_text("10.0.0.1 ssh-ed25519 AAAA\n")  # re-pinned or revoked: a new, checked connection
-    assert mux.entry_key("gpu1", doc, ["python3"]) != base
+    assert mux_server.entry_key("gpu1", doc, ["python3"]) != base
 
 
 def test_a_target_travels_intact_with_its_bastion(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import AgentError, ConnectError, FleetError
-from fleetctl.transport import mux
+from fleetctl.transport import mux, mux_server
 from fleetctl.transport.agent import AgentInfo, PingInFlight
 
 if TYPE_CHECKING:
@@ -101,12 +101,12 @@ STALL_S = 0.5  # an answer slower than this (a frozen host) lets every other hos
 class _Flight:
     """One kept host's ping, sent and not yet answered."""
 
-    kept: mux.KeptHost
+    kept: mux_server.KeptHost
     sent: PingInFlight
     start: float
 
 
-def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, Any]) -> None:
+def serve_ping_many(server: mux_server.MuxServer, conn: socket.socket, msg: dict[str, Any]) -> None:
     """Ping every host of ``msg``; one frame per host, in its order.
 
     The kept hosts' pings go out from this one thread, a window of them in flight, each answer
@@ -119,7 +119,7 @@ def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, A
     timeout = float(msg.get("timeout") or 30.0)
     server.persist = max(server.persist, persist)
     threads = max(1, min(len(hosts), int(msg.get("forks") or 32), SERVER_THREADS))
-    stat_once = functools.cache(mux.file_key)  # each known_hosts and key file stat-ed once per request
+    stat_once = functools.cache(mux_server.file_key)  # each known_hosts and key file stat-ed once per request
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mux-ping") as pool:
         attached: dict[int, Future[dict[str, Any]]] = {}
 
@@ -152,8 +152,8 @@ def serve_ping_many(server: mux.MuxServer, conn: socket.socket, msg: dict[str, A
 class _KeptPings:
     """The kept hosts' pings of one request, in request order, at most ``window`` outstanding."""
 
-    def __init__(self, server: mux.MuxServer, kept: dict[int, mux.KeptHost], attach: Callable[[int], None],
-                 window: int) -> None:
+    def __init__(self, server: mux_server.MuxServer, kept: dict[int, mux_server.KeptHost],
+                 attach: Callable[[int], None], window: int) -> None:
         self.server = server
         self.window = window
         self.unsent = deque(sorted(kept.items()))
@@ -222,11 +222,11 @@ class _KeptPings:
         return {"ok": True, "info": _info_doc(info), "connect_ms": round(ms, 1), "rtt_ms": round(ms, 2)}
 
 
-def _take_kept(server: mux.MuxServer, host: dict[str, Any],
-               stat_key: Callable[[str | None], list[Any]]) -> mux.KeptHost | None:
+def _take_kept(server: mux_server.MuxServer, host: dict[str, Any],
+               stat_key: Callable[[str | None], list[Any]]) -> mux_server.KeptHost | None:
     """``host``'s kept connection with a running agent, counted as in use; None: attach it."""
     try:
-        key = mux.entry_key(host["host"], host["target"], list(host["interpreters"]), stat_key)
+        key = mux_server.entry_key(host["host"], host["target"], list(host["interpreters"]), stat_key)
     except Exception:  # a malformed host: attach says what is wrong, for that host alone
         return None
     with server.lock:
@@ -244,7 +244,7 @@ def _info_doc(info: AgentInfo) -> dict[str, Any]:
 _INFO_FIELDS = tuple(f.name for f in fields(AgentInfo))
 
 
-def _ping_host(server: mux.MuxServer, host: dict[str, Any], persist: float, timeout: float) -> dict[str, Any]:
+def _ping_host(server: mux_server.MuxServer, host: dict[str, Any], persist: float, timeout: float) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         kept = server.attach({**host, "persist": persist})
