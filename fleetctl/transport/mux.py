@@ -28,7 +28,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import socket
 import stat
@@ -57,11 +56,9 @@ from fleetctl.transport.base import Step
 if TYPE_CHECKING:
     from fleetctl.transport.ssh import SSHTarget
 
-log = logging.getLogger("fleetctl.mux")
 PROTOCOL = 1
 MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
-IDLE_WAKEUP_S = 1.0  # how often a kept connection's paramiko thread wakes while idle (its default: 0.1 s)
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
 _SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "agent.py",

@@ -270,5 +270,5 @@ def _ping_host(server: mux_server.MuxServer, host: dict[str, Any], persist: floa
 
 def _failed(exc: BaseException) -> dict[str, Any]:
     if not isinstance(exc, FleetError):
-        mux.log.exception("ping failed")
+        mux_server.log.exception("ping failed")
     return {"ok": False, "error": mux.error_payload(exc)}

@@ -28,7 +28,6 @@ from fleetctl.errors import (
 )
 from fleetctl.transport.base import Step
 from fleetctl.transport.mux import (
-    IDLE_WAKEUP_S,
     error_payload,
     private_dir,
     recv_frame,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from fleetctl.transport.ssh import SSHConnector, SSHTarget
 
 log = logging.getLogger("fleetctl.mux")
+IDLE_WAKEUP_S = 1.0  # how often a kept connection's paramiko thread wakes while idle (its default: 0.1 s)
 
 
 def file_key(path: str | None) -> list[Any]:

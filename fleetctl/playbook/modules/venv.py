@@ -130,7 +130,7 @@ def overlay_request(mc: ModuleContext, args: VenvArgs) -> OverlayRequest:
     if args.direct and host.connection.kind != "ssh":
         raise InputError(f"direct: {args.source} is not reached over ssh, so targets cannot pull from it")
     return OverlayRequest(args.source, args.venv, args.to_venv, tuple(args.packages), mc.check, args.direct,
-                             args.compress)
+                          args.compress)
 
 
 def source_files(mc: ModuleContext, req: OverlayRequest) -> ov.SourceFiles:
