@@ -249,3 +249,29 @@ def test_child_code_cache_is_used_only_when_private(tmp_path: Path) -> None:
     assert _run_child(cache, real) == "cached"
     cache.chmod(0o777)  # a folder others can write is not trusted: its files would be executed
     assert _run_child(cache, real) == "compiled"
+
+
+def test_agent_keeps_compiled_module_code_for_the_next_command() -> None:
+    """A module the agent runs itself is compiled once per source and interpreter: the next agent
+    (the next command) loads the compiled code from the agent's private cache instead."""
+    import marshal
+    import secrets
+
+    from fleetctl.remote import agent as remote_agent  # type: ignore[attr-defined]
+
+    digest = "test" + secrets.token_hex(6)  # a content address no real module has
+    source = "def main(params):\n    return 'compiled'\n"
+    cached = Path(remote_agent.CODE_CACHE) / f"{digest}-{sys.implementation.cache_tag}.code"
+    try:
+        for answer in ("compiled", "cached"):
+            client = AgentClient("local", LocalConnector("local"), ["/usr/bin/python3"])
+            try:
+                assert client.call("m", source=(source, digest)) == answer
+            finally:
+                client.close()
+            assert cached.is_file()
+            assert oct(cached.parent.stat().st_mode & 0o777) == "0o700"
+            # what the next agent finds there is what it runs: this is the cache, not a recompile
+            cached.write_bytes(marshal.dumps(compile("def main(params):\n    return 'cached'\n", "x", "exec")))
+    finally:
+        cached.unlink(missing_ok=True)

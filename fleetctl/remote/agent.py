@@ -71,34 +71,24 @@ def user_name():
     except (ImportError, KeyError):
         return str(os.geteuid())
 
-# Compiled code of modules run under another interpreter (a venv's python), private to this user.
+# Compiled code of the modules run here or in a child interpreter (CODE_STORE), private to this user.
 CODE_CACHE = ("/var/lib/fleetctl/cache/code" if os.geteuid() == 0
               else os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", "code"))
 BEGIN = "@@FLEETCTL-JSON-BEGIN@@"
 END = "@@FLEETCTL-JSON-END@@"
 
-# Runs one module under another interpreter (a venv's python). stdout is kept for the
-# delimited answer alone: anything the module prints goes to stderr. A module that sets
-# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
-CHILD_RUNNER = r"""
-import marshal, os, sys
-""" + CODEC + r"""
-
-loads, dumps = codec()
-req = loads(sys.stdin.read())
-out, sys.stdout = sys.stdout, sys.stderr
-
-
+# Compiled module code, cached by source hash and interpreter (a content address): the next
+# command's call of the same module under the same python skips compiling it (20-30 ms of a
+# host's CPU for the larger modules). Only a folder private to this user is trusted, since its
+# files are executed. Shared with the child runner below, which runs it too.
+CODE_STORE = r"""
 def private(folder):
     st = os.stat(folder)
     return st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-def code():
-    # Compiled code is cached by source hash and interpreter (a content address): the next call
-    # of the same module under the same python skips compiling. Only a folder private to us is
-    # trusted, since its files are executed.
-    folder, key = req.get("cache_dir"), req.get("hash")
+def stored_code(source, module, key, folder):
+    import marshal
     path = os.path.join(folder, "%s-%s.code" % (key, sys.implementation.cache_tag)) if folder and key else None
     try:
         if path and os.path.isdir(folder) and private(folder):
@@ -106,7 +96,7 @@ def code():
                 return marshal.loads(handle.read())
     except (OSError, ValueError, EOFError, TypeError):
         pass
-    compiled = compile(req["source"], "<fleetctl-remote:%s>" % req["module"], "exec")
+    compiled = compile(source, "<fleetctl-remote:%s>" % module, "exec")
     try:
         if path:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -118,12 +108,24 @@ def code():
     except OSError:
         pass
     return compiled
+"""
+exec(CODE_STORE)
 
+# Runs one module under another interpreter (a venv's python). stdout is kept for the
+# delimited answer alone: anything the module prints goes to stderr. A module that sets
+# EXIT_AT_ONCE = True has the process end right after its answer (no interpreter teardown).
+CHILD_RUNNER = r"""
+import os, sys
+""" + CODEC + CODE_STORE + r"""
+
+loads, dumps = codec()
+req = loads(sys.stdin.read())
+out, sys.stdout = sys.stdout, sys.stderr
 
 ns = {}
 try:
     ns["__name__"] = "fleetctl_remote_" + req["module"]
-    exec(code(), ns)
+    exec(stored_code(req["source"], req["module"], req.get("hash"), req.get("cache_dir")), ns)
     res = {"ok": True, "result": ns["main"](req["params"])}
 except BaseException as e:
     import traceback  # only now: its import is a few ms of every child's start
@@ -205,7 +207,7 @@ class Agent(object):
             return self.call_child(python, entry[0], entry[1], req["hash"], req.get("params") or {},
                                    req.get("timeout"))
         if entry[3] is None:
-            entry[3] = compile(entry[1], "<fleetctl-remote:%s>" % entry[0], "exec")
+            entry[3] = stored_code(entry[1], entry[0], req["hash"], CODE_CACHE)  # noqa: F821 (CODE_STORE)
         if entry[2] is None or req.get("fresh"):
             # A kept agent (persistent connections) serves many commands: each starts with the
             # module's top level run again, so no module state outlives the command.

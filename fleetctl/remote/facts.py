@@ -14,14 +14,13 @@ params (all optional):
 """
 
 import os
-import re
-import shutil
 import sys
 import time
 
-# platform, socket, subprocess, threading, collections and concurrent.futures are imported where
-# they are used: drift's GPU-only call on a host without nvidia-smi needs none of them (~35 ms of
-# imports per host on every drift of a fleet).
+# re, shutil, platform, socket, subprocess, threading, collections and concurrent.futures are
+# imported where they are used: drift's GPU-only call on a host without nvidia-smi needs none of
+# them (~45 ms of imports per host on every drift of a fleet). The patterns below are compiled
+# (and cached by re) where they are used, for the same reason.
 
 DEFAULT_DISK_PATHS = ("/", "/opt", "/var/lib")
 SMI_TIMEOUT_S = 20.0
@@ -29,11 +28,11 @@ PYTHON_TIMEOUT_S = 5.0
 MAX_OUTPUT_CHARS = 200000  # nvidia-smi with many processes can be long; keep the JSON bounded
 MAX_XML_CHARS = 4000000  # nvidia-smi -q -x of 8 GPUs is about 50 KB once supported_clocks is dropped
 # The supported-clocks table is 80% of the XML and nothing reads it: dropped on the host.
-SUPPORTED_CLOCKS = re.compile(r"[ \t]*<supported_clocks>.*?</supported_clocks>\n?", re.DOTALL)
+SUPPORTED_CLOCKS = r"(?s)[ \t]*<supported_clocks>.*?</supported_clocks>\n?"
 XID_MARK = "NVRM: Xid"
 MAX_XID_LINES = 200  # the newest ones
-UNREADABLE = re.compile(r"insufficient permissions|not seeing messages from other users", re.IGNORECASE)
-PYTHON_NAME = re.compile(r"^python3(\.\d+)?$")
+UNREADABLE = r"(?i)insufficient permissions|not seeing messages from other users"
+PYTHON_NAME = r"^python3(\.\d+)?$"
 PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
 VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 
@@ -99,6 +98,7 @@ def cpu_counts():
 
 def meminfo(path="/proc/meminfo"):
     """MemTotal and MemAvailable in bytes (the file says kB, meaning KiB)."""
+    import re
     try:
         with open(path, encoding="ascii", errors="replace") as f:
             lines = f.read().splitlines()
@@ -123,6 +123,7 @@ def disk_usage(path):
 
 def find_pythons():
     """python3 / python3.X on PATH and in the usual bin folders, each asked for its version once."""
+    import re
     from concurrent.futures import ThreadPoolExecutor
     dirs = []
     for d in os.environ.get("PATH", "").split(os.pathsep) + list(PYTHON_DIRS):
@@ -136,7 +137,7 @@ def find_pythons():
             continue
         for name in names:
             path = os.path.join(d, name)
-            if PYTHON_NAME.match(name) and os.access(path, os.X_OK) and not os.path.isdir(path):
+            if re.match(PYTHON_NAME, name) and os.access(path, os.X_OK) and not os.path.isdir(path):
                 paths.append((path, os.path.realpath(path)))
     # python3 and python3.11 are often one binary: ask each real file once, in parallel, since
     # wrappers such as pyenv shims take a few hundred ms each.
@@ -167,10 +168,20 @@ def python_version_of(path):
     return proc.stdout.strip() or None, None
 
 
+def which(name):
+    """shutil.which(name) for a plain command name, without importing shutil (~10 ms of a host's
+    CPU on every drift)."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.environ.get("PATH") != "" else ():
+        path = os.path.join(folder, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
 def find_nvidia_smi(override=None):
     if override:
         return override
-    found = shutil.which("nvidia-smi")
+    found = which("nvidia-smi")
     if found:
         return found
     for candidate in ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"):
@@ -202,16 +213,16 @@ def kernel_log():
     """The kernel log's Xid lines of this boot: journalctl -k, else dmesg (with sudo -n when only root
     may read it). ``error`` says why none could be read; every line has its Unix time where known."""
     problems = []
-    if shutil.which("journalctl"):
+    if which("journalctl"):
         lines, error = grep_command(["journalctl", "-k", "-b", "-o", "short-unix", "--no-pager"])
         if error is None:
             return {"source": "journalctl -k", "lines": [journal_line(t) for t in lines], "error": None}
         problems.append("journalctl -k: " + error)
-    if shutil.which("dmesg"):
+    if which("dmesg"):
         up = uptime()
         boot = time.time() - up if up is not None else None
         argvs = [["dmesg"]]
-        if os.geteuid() != 0 and shutil.which("sudo"):
+        if os.geteuid() != 0 and which("sudo"):
             argvs.append(["sudo", "-n", "dmesg"])
         for argv in argvs:
             lines, error = grep_command(argv)
@@ -232,6 +243,7 @@ def journal_line(text):
 
 
 def dmesg_line(text, boot):
+    import re
     m = re.match(r"^\[\s*(\d+\.\d+)\]\s*(.*)$", text)
     if not m:
         return {"time": None, "text": text}
@@ -250,6 +262,7 @@ def grep_command(argv, mark=XID_MARK, timeout=SMI_TIMEOUT_S, keep=MAX_XID_LINES)
     """The lines of ``argv``'s output holding ``mark`` (the newest ``keep``), read as a stream so a
     long kernel log is never held whole; (lines, None) or ([], why it could not be read)."""
     import collections
+    import re
     import subprocess
     import threading
     try:
@@ -272,7 +285,7 @@ def grep_command(argv, mark=XID_MARK, timeout=SMI_TIMEOUT_S, keep=MAX_XID_LINES)
     first = (stderr.strip().splitlines() or ["no output"])[0][:200]
     if rc != 0:
         return [], "exited %d: %s" % (rc, first)
-    if UNREADABLE.search(stderr):  # journalctl as a user outside adm/systemd-journal: no kernel lines
+    if re.search(UNREADABLE, stderr):  # journalctl as a user outside adm/systemd-journal: no kernel lines
         return [], first
     return list(lines), None
 
@@ -295,7 +308,8 @@ def run_capture(argv, timeout=SMI_TIMEOUT_S, limit=MAX_OUTPUT_CHARS, strip=None)
     result["rc"] = proc.returncode
     stdout = proc.stdout.decode("utf-8", "replace")
     if strip is not None:
-        stdout = strip.sub("", stdout)
+        import re
+        stdout = re.sub(strip, "", stdout)
     result["stdout"] = stdout[:limit]
     if len(stdout) > limit:
         result["truncated"] = True
