@@ -144,6 +144,8 @@ def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(warmup + runs):
         for name, job in jobs.items():
+            if host_cpu:
+                settle(host_cpu)
             # CPU of helpers the command left running (fleetctl's kept-connection server): not a child
             helper = getattr(job, "helper_cpu", None)
             helper_before = helper() if helper else 0.0
@@ -161,6 +163,19 @@ def rounds(jobs: dict[str, Callable[[], float]], runs: int, warmup: int = 1,
                     used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime + helper_used
                     cpu.setdefault(name, []).append(round(used, 4))
     return samples
+
+
+def settle(host_cpu: Callable[[], float], quiet_s: float = 0.1, busy_below: float = 0.02,
+           limit_s: float = 5.0) -> None:
+    """Wait (up to ``limit_s``) until the lab hosts use under ``busy_below`` of a CPU over
+    ``quiet_s``: the sessions of the command before (200 sshd ending, their processes reaped) have
+    finished, so they do not land on whichever tool's sample comes next."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = host_cpu()
+        time.sleep(quiet_s)
+        if host_cpu() - before < busy_below * quiet_s:
+            return
 
 
 def pid_files_cpu(folder: Path) -> Callable[[], float]:

@@ -195,7 +195,9 @@ def write(doc: dict[str, Any], stem: Path | None = None) -> str:
         f"- hosts: {', '.join(doc['fleet'])} lab sshd hosts (127.N.90.x, N from the checkout's path; each in its own"
         " mount + UTS namespace); above 64 hosts only ping runs, beside openssh-x25519, openssh-persist and pyinfra",
         f"- {doc['runs']} timed runs per command after {doc['warmup']} warm-up round, the tools of a job"
-        " alternating within each round; every sample checked (exit status, every host's answer)",
+        " alternating within each round, each started once the lab hosts are quiet again (under 2% of a CPU"
+        " for 0.1 s: the command before has ended on every host); every sample checked (exit status, every"
+        " host's answer)",
         f"- reproduce: `{doc['command']}` (took {doc['elapsed_s']} s in all, lab set-up included)", "",
         "Wall time of whole commands, start to exit. Each tool runs the same remote Python work, from one",
         "shared script file per job (fleetctl ships the same module source through its agent):", "",

@@ -27,8 +27,27 @@ def console(stderr: bool = False) -> Any:
     return out
 
 
+JSON_INDENTED_LEVELS = 3  # the document, its "hosts", each host: one line per field of a host's entry
+
+
 def emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    """``--json`` output: indented down to each host's entry, each value below on one line.
+
+    json's indenting encoder is pure Python: on a 32-host ``probe grep --json`` (2.5 MB) it took
+    170 ms, the C encoder that writes a value on one line 23 ms."""
+    sys.stdout.write(_json_text(doc, 0) + "\n")
+
+
+def _json_text(value: Any, level: int) -> str:
+    if level >= JSON_INDENTED_LEVELS or not value or not isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=str)
+    pad = "  " * (level + 1)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):  # json's own key conversion: one line
+            return json.dumps(value, default=str)
+        items = [f"{pad}{json.dumps(k)}: {_json_text(v, level + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
+    return "[\n" + ",\n".join(pad + _json_text(v, level + 1) for v in value) + "\n" + "  " * level + "]"
 
 
 def write_atomic(path: Any, text: str) -> None:

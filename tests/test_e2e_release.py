@@ -23,9 +23,10 @@ DDTREE = RELEASES / "ddtree-sglang-0.5.23-lab.yml"
 
 def fingerprint(lab: LabHandle, host: str) -> str:
     """sha256 over every file (and symlink target) under /opt, /var/lib/fleetctl and the base venv;
-    the deploy lock file, which every run takes, is left out."""
+    the deploy lock file, which every run takes, and the host's caches (the agent's compiled module
+    code, file hashes) are left out, as bytecode is."""
     cmd = ("cd / && find opt var/lib/fleetctl root/ml-env \\( -type f -o -type l \\) -not -name '*.pyc'"
-           " -not -name 'deploy.lock*' 2>/dev/null"
+           " -not -name 'deploy.lock*' -not -path 'var/lib/fleetctl/cache/*' 2>/dev/null"
            " | sort | while read -r f; do if [ -L \"$f\" ]; then readlink \"$f\"; else sha256sum \"$f\"; fi; done"
            " | sha256sum")
     return lab.ssh(host, cmd).stdout.split()[0]

@@ -497,3 +497,19 @@ def test_cli_symbol_and_bad_input(local_fleet: Path, capsys: pytest.CaptureFixtu
     missing = run_cli(capsys, "-i", inv, "probe", "symbol", "x", "--package", "nosuchpkg", "--json")
     assert missing.rc == 2
     assert "nosuchpkg is not installed for" in missing.json()["hosts"]["old"]["reason"]
+
+
+def test_search_workers_are_the_idle_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker per usable CPU less the 1-minute load (as make -l), at least one, at most
+    MAX_WORKERS and one per FILES_PER_WORKER files; an explicit count wins."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    for load, files, want in ((0.3, 10_000, 8), (12.7, 10_000, 4), (40.0, 10_000, 1), (0.0, 700, 2), (0.0, 10, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert source.worker_count({}, files) == want, (load, files)
+    assert source.worker_count({"workers": 3}, 10) == 3
+
+    def unavailable() -> tuple[float, float, float]:
+        raise OSError("no /proc/loadavg")
+
+    monkeypatch.setattr(os, "getloadavg", unavailable)
+    assert source.worker_count({}, 10_000) == 8

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from fleetctl.adhoc import gather
-from fleetctl.render import gathered, results_json
+from fleetctl.render import emit_json, gathered, results_json
 from fleetctl.transport.base import CommandResult, HostResult, Status
 
 
@@ -45,3 +50,20 @@ def test_host_output_is_not_rich_markup(capsys) -> None:  # type: ignore[no-unty
     block = gather({"h": HostResult("h", Status.OK, CommandResult("c", 0, "[bold]x[/bold] [red]", ""))})
     print_blocks(block)
     assert "[bold]x[/bold] [red]" in capsys.readouterr().out
+
+
+def test_json_output_is_indented_to_each_host_entry_and_reads_back_whole(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    """--json: the same document json.dumps writes, indented down to each host's entry (one line per
+    field there), every value below on one line; keys json converts (ints), tuples, paths as json does."""
+    value = {"files": [{"path": "sglang/srt/a.py", "hits": [{"line": 3, "terms": ("Mamba",)}]}],
+             "by_line": {3: "x"}, "where": tmp_path, "empty": {}}
+    doc = {"hosts": {"lab1": {"status": "ok", "value": value}, "lab2": {"status": "failed", "reason": "r"}},
+           "summary": {"ok": 1, "failed": 1}, "matrix": []}
+    emit_json(doc)
+    out = capsys.readouterr().out
+    assert json.loads(out) == json.loads(json.dumps(doc, default=str))
+    lines = out.splitlines()
+    assert lines[:4] == ["{", '  "hosts": {', '    "lab1": {', '      "status": "ok",']
+    assert lines[4] == '      "value": ' + json.dumps(value, default=str)
+    assert '  "matrix": []' in lines and lines[-1] == "}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import HostError, InputError, RemoteOperationError
@@ -120,7 +120,13 @@ class GrepHostResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Field by field, not asdict: its deep copy of every hit was a tenth of a 32-host --json run.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["files"] = [{"path": f.path, "lines": f.lines, "counts": dict(f.counts),
+                         "hits": [{"line": h.line, "text": h.text, "terms": list(h.terms)} for h in f.hits],
+                         "context": [list(c) for c in f.context]} for f in self.files]
+        out["counts"] = dict(self.counts)
+        return out
 
 
 def call_source(session: HostSession, params: dict[str, Any], venv: str | None) -> Any:
