@@ -92,6 +92,10 @@ def test_read_only_commands_work_as_fleetop(nonroot_lab: LabHandle, tmp_path: Pa
     assert runs[1]["cache_hits"] == runs[1]["checked"] and runs[1]["cache_misses"] == 0
     cached = nonroot_lab.ssh("lab2", "ls /home/fleetop/.cache/fleetctl/cache", user="fleetop").stdout.split()
     assert [n for n in cached if n.startswith("hashes-")]
+    # the agent's compiled module code is kept in fleetop's own private folder, for the next command
+    code = nonroot_lab.ssh("lab2", "stat -c '%U %a' /home/fleetop/.cache/fleetctl/code && "
+                           "ls /home/fleetop/.cache/fleetctl/code", user="fleetop").stdout.split()
+    assert code[:2] == ["fleetop", "700"] and [n for n in code[2:] if n.endswith(".code")]
     assert fingerprint(nonroot_lab, "lab2") == before  # nothing written outside fleetop's cache
 
 

@@ -171,7 +171,8 @@ def python_version_of(path):
 def which(name):
     """shutil.which(name) for a plain command name, without importing shutil (~10 ms of a host's
     CPU on every drift)."""
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.environ.get("PATH") != "" else ():
+    search = os.environ.get("PATH", os.defpath)
+    for folder in search.split(os.pathsep) if search else ():  # PATH="" finds nothing, as shutil.which
         path = os.path.join(folder, name)
         if os.access(path, os.X_OK) and not os.path.isdir(path):
             return path
