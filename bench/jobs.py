@@ -106,12 +106,15 @@ def checked_job(argv: list[str], check: Callable[[int, str], str | None], env: d
 
 def openssh_script_job(
     lab_dir: Path, addresses: list[str], python: str, script: Path, expect: Callable[[int, str], bool],
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), before: Callable[[], None] | None = None,
 ) -> Callable[[], float]:
-    """The lower bound for a script: one `ssh HOST PYTHON - < SCRIPT` per host, all started at once."""
+    """The lower bound for a script: one `ssh HOST PYTHON - < SCRIPT` per host, all started at once.
+    ``before`` runs untimed ahead of each sample (e.g. clearing caches)."""
     argvs = [ssh_argv(lab_dir, a, f"{shlex.quote(python)} -", extra) for a in addresses]
 
     def run() -> float:
+        if before:
+            before()
         files = [script.open("rb") for _ in argvs]
         try:
             start = time.perf_counter()

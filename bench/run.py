@@ -7,7 +7,9 @@ of one job alternating within each round, after a warm-up round:
   ping               fleetctl ping | ssh HOST python3 - < scripts/ping.py (x2 kex) | ansible | pyinfra
                      (above 64 hosts: ping only, beside ssh with curve25519, with ControlPersist, and pyinfra)
   version inventory  fleetctl drift --venv V | the same with scripts/inventory.py under V's python
-  source search      fleetctl probe grep ... --package sglang --subpath srt | scripts/search.py
+  source search      fleetctl probe grep ... --package sglang --subpath srt | scripts/search.py, every tool
+                     with the host's grep cache (what an earlier search with these terms learnt)
+  search_first       the same, every host's grep caches removed before each sample: every file read
   drift              fleetctl only: versions and --verify-files, first run (host caches cleared) and second
   release            fleetctl only, on the smallest lab: deploy of the example release, rollback
 
@@ -15,8 +17,8 @@ The peers (ansible-core, pyinfra) are installed by bench/peers.py into .cache/be
 bench/results.md and bench/results.json (--out STEM: STEM.md and STEM.json); takes the lab down at
 the end, also on error.
 
-    .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5] [--jobs ping,inventory,search,drift,release]
-                                  [--out STEM]
+    .venv/bin/python bench/run.py [--hosts 8,32,200] [--runs 5]
+                                  [--jobs ping,inventory,search,search_first,drift,release] [--out STEM]
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ SGLANG = "0.5.23"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 # paramiko (fleetctl, pyinfra) and OpenSSH 9.2 agree on curve25519; OpenSSH alone picks sntrup761x25519.
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")
-ALL_JOBS = ("ping", "inventory", "search", "drift", "release")
+ALL_JOBS = ("ping", "inventory", "search", "search_first", "drift", "release")
 RELEASE_SPEC = ROOT / "playbooks" / "releases" / "ddtree-sglang-0.5.23-lab.yml"
 Job = Callable[[], float]
 
@@ -127,6 +129,20 @@ def clear_host_caches(fleet: LabFleet) -> Callable[[], None]:
     def clear() -> None:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+    return clear
+
+
+def clear_grep_caches(fleet: LabFleet) -> Callable[[], None]:
+    """What makes a search a first search: every host's grep caches (grep-*.marshal in
+    /var/lib/fleetctl/cache) removed, from this side, between samples."""
+    paths = LabPaths(fleet.directory)
+    folders = [paths.host_dir(h.name) / "var-lib-fleetctl" / "cache" for h in fleet.hosts]
+
+    def clear() -> None:
+        for folder in folders:
+            for path in folder.glob("grep-*.marshal"):
+                path.unlink(missing_ok=True)
 
     return clear
 
@@ -241,20 +257,22 @@ class Lab:
         mux.stop_server(mux.socket_path(self.mux_dir))
         jobs.stop_masters(self.ssh_masters)
 
-    def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool]) -> dict[str, Job]:
+    def peer_jobs(self, job: str, python: str, marker: str, expect: Callable[[int, str], bool],
+                  before: Callable[[], None] | None = None) -> dict[str, Job]:
         script = self.scripts[job]
         return {
-            "openssh": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect),
+            "openssh": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect,
+                                               before=before),
             "openssh-x25519": jobs.openssh_script_job(self.fleet.directory, self.addrs, python, script, expect,
-                                                      SAME_KEX),
+                                                      SAME_KEX, before=before),
             # The lower bound with kept connections: OpenSSH's own ControlPersist master per host.
             "openssh-persist": jobs.openssh_script_job(
                 self.fleet.directory, self.addrs, python, script, expect,
-                (*SAME_KEX, *jobs.persist_options(self.ssh_masters))),
+                (*SAME_KEX, *jobs.persist_options(self.ssh_masters)), before=before),
             "ansible-core": jobs.checked_job(peers.ansible_argv(self.ansible_dir, script, python),
-                                             ansible_answers(marker, self.count), env=self.ansible_env),
+                                             ansible_answers(marker, self.count), env=self.ansible_env, before=before),
             "pyinfra": jobs.checked_job(peers.pyinfra_argv(self.pyinfra_inv, script, python, self.count),
-                                        pyinfra_answers(marker, self.count), with_stderr=True),
+                                        pyinfra_answers(marker, self.count), with_stderr=True, before=before),
         }
 
     def ping(self) -> dict[str, Job]:
@@ -277,16 +295,22 @@ class Lab:
                 "fleetctl-persist": self.fleetctl(args, json_summary("hosts", self.count), persist=True),
                 **self.peer_jobs("inventory", VENV_PY, f'"dist_info": "sglang-{SGLANG}.dist-info"', expect)}
 
-    def search(self) -> dict[str, Job]:
+    def search(self, first_run: bool = False) -> dict[str, Job]:
+        """Every tool runs source.py with the host's grep cache (fleetctl's default). ``first_run``:
+        every host's grep caches removed before each sample, for every tool alike: each file read."""
         lines = self.expected_lines()
+        clear = clear_grep_caches(self.fleet) if first_run else None
 
         def expect(n: int, out: str) -> bool:
             return int(json.loads(out)["matched_lines"]) == lines
 
         args = ["probe", "grep", *TERMS, "--package", "sglang", "--subpath", "srt", "--venv", VENV]
-        return {"fleetctl": self.fleetctl(args, json_summary("ok", self.count)),
-                "fleetctl-persist": self.fleetctl(args, json_summary("ok", self.count), persist=True),
-                **self.peer_jobs("search", VENV_PY, f'"matched_lines": {lines}', expect)}
+        return {"fleetctl": self.fleetctl(args, json_summary("ok", self.count), before=clear),
+                "fleetctl-persist": self.fleetctl(args, json_summary("ok", self.count), before=clear, persist=True),
+                **self.peer_jobs("search", VENV_PY, f'"matched_lines": {lines}', expect, before=clear)}
+
+    def search_first(self) -> dict[str, Job]:
+        return self.search(first_run=True)
 
     def expected_lines(self) -> int:
         argv = jobs.ssh_argv(self.fleet.directory, self.addrs[0], f"{VENV_PY} -")
@@ -333,7 +357,7 @@ def measure(count: int, runs: int, wanted: list[str], release: bool, cpu: dict[s
     print(f"lab: {count} hosts up in {fleet.elapsed_s:.1f}s", flush=True)
     if count > LARGE:
         wanted = [j for j in wanted if j == "ping"]
-    if set(wanted) & {"inventory", "search", "drift", "release"}:
+    if set(wanted) & {"inventory", "search", "search_first", "drift", "release"}:
         install_venvs(fleet)
     print(f"lab: venvs ready after {time.monotonic() - started:.1f}s", flush=True)
     lab = Lab(fleet)
@@ -360,7 +384,8 @@ def measure_jobs(lab: Lab, wanted: list[str], runs: int, release: bool, out: dic
         t0 = time.monotonic()
         load_at[f"{lab.count} {job}"] = os.getloadavg()  # beside each measurement: the machine is shared
         tools = getattr(lab, job)()
-        name = {"drift": "drift (fleetctl)", "inventory": "version inventory", "search": "source search"}.get(job, job)
+        name = {"drift": "drift (fleetctl)", "inventory": "version inventory", "search": "source search",
+                "search_first": "source search, first run"}.get(job, job)
         out[name] = jobs.rounds(tools, runs, cpu=cpu.setdefault(name, {}), host_cpu=meter,
                                 hosts=host_cpu.setdefault(name, {}))
         print(f"  {name}: {time.monotonic() - t0:.1f}s", flush=True)

@@ -5,6 +5,7 @@ fleetctl_root / fleetctl_state_dir are its own folders deploys and rolls back fo
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +80,13 @@ def test_read_only_commands_work_as_fleetop(nonroot_lab: LabHandle, tmp_path: Pa
     facts = cli(capsys, inv, "-l", "lab2", "facts", "--json")
     assert facts.rc == 0, facts.err
     assert cli(capsys, inv, "-l", "lab2", "probe", "import", "pip", "--venv", ENV).rc == 0
-    assert cli(capsys, inv, "-l", "lab2", "probe", "grep", "def main", "--package", "pip", "--venv", ENV).rc == 0
+    time.sleep(2.1)  # the venv's files have been still for 2 s: the grep cache trusts their stat only then
+    greps = [cli(capsys, inv, "-l", "lab2", "probe", "grep", "def main", "--package", "pip", "--venv", ENV, "--json")
+             for _ in range(2)]  # the second reads no file: fleetop's own grep cache answers for them
+    assert [g.rc for g in greps] == [0, 0], greps[0].err
+    first, second = (g.json()["hosts"]["lab2"]["value"] for g in greps)
+    assert second["counts"] == first["counts"] and second["files"] == first["files"] and first["counts"]["def main"]
+    assert second["cached_files"] == second["searched_files"] + second["binary_files"] > 0
     status = cli(capsys, inv, "-l", "lab2", "status", "--json")
     assert status.rc == 0, status.err
     assert cli(capsys, inv, "-l", "lab2", "releases", "list").rc == 0
@@ -91,7 +98,7 @@ def test_read_only_commands_work_as_fleetop(nonroot_lab: LabHandle, tmp_path: Pa
     assert runs[1]["checked"] == runs[0]["checked"] > 0
     assert runs[1]["cache_hits"] == runs[1]["checked"] and runs[1]["cache_misses"] == 0
     cached = nonroot_lab.ssh("lab2", "ls /home/fleetop/.cache/fleetctl/cache", user="fleetop").stdout.split()
-    assert [n for n in cached if n.startswith("hashes-")]
+    assert [n for n in cached if n.startswith("hashes-")] and [n for n in cached if n.startswith("grep-")]
     # the agent's compiled module code is kept in fleetop's own private folder, for the next command
     code = nonroot_lab.ssh("lab2", "stat -c '%U %a' /home/fleetop/.cache/fleetctl/code && "
                            "ls /home/fleetop/.cache/fleetctl/code", user="fleetop").stdout.split()

@@ -5,6 +5,7 @@ lab1 and lab3 run sglang 0.5.23 in /root/ml-env, lab2 runs 0.5.9 (see sglang_sup
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,27 @@ def test_grep_counts_differ_between_releases(sglang_lab: LabHandle, capsys: pyte
     assert "866 more matching lines not shown (--max-hits 3)" in human.out
     assert table_row(human.out, "update_mamba_state_after_mtp_verify")[1:] == ["16", "3", "16"]
     assert table_row(human.out, "Mamba")[1:] == ["825", "196", "825"]
+
+
+def test_repeated_grep_reads_no_unchanged_file(sglang_lab: LabHandle,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the real agent: the host keeps what a search learnt in /var/lib/fleetctl/cache (root's,
+    0600), the next search with the same terms answers the same without reading a file; --no-cache
+    reads every file again."""
+    args = ("grep", *TERMS, "--subpath", "srt", "--venv", VENV, "--json", "-l", "lab1,lab2")
+    sglang_lab.ssh("lab1", "rm -f /var/lib/fleetctl/cache/grep-*.marshal")
+    time.sleep(2.1)  # the venvs' files have been still for 2 s: the grep cache trusts their stat only then
+    first, second, fresh = (probe(sglang_lab, capsys, *args, *extra).json()["hosts"]
+                            for extra in ((), (), ("--no-cache",)))
+    for host, counts in (("lab1", NEW_COUNTS), ("lab2", OLD_COUNTS)):
+        assert first[host]["value"]["counts"] == second[host]["value"]["counts"] == counts
+        assert first[host]["value"]["files"] == second[host]["value"]["files"] == fresh[host]["value"]["files"]
+        value = second[host]["value"]
+        assert value["cached_files"] == value["searched_files"] + value["binary_files"] > 1000
+        assert fresh[host]["value"]["cached_files"] == 0
+    assert first["lab1"]["value"]["cached_files"] == 0
+    kept = sglang_lab.ssh("lab1", "stat -c '%U %a %n' /var/lib/fleetctl/cache/grep-*.marshal").stdout.split()
+    assert kept[:2] == ["root", "600"]
 
 
 def test_grep_ignore_case_finds_lowercase(sglang_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:

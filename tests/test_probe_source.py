@@ -465,7 +465,8 @@ def local_fleet(sites: dict[str, Path], tmp_path: Path) -> Path:
         python.parent.mkdir(parents=True)
         python.write_text(f'#!/bin/sh\nPYTHONPATH={sites[version]} exec /usr/bin/python3 "$@"\n')
         python.chmod(0o755)
-        hosts.append(f"    {name}:\n      ansible_connection: local\n      venv: {tmp_path / name}\n")
+        hosts.append(f"    {name}:\n      ansible_connection: local\n      venv: {tmp_path / name}\n"
+                     f"      fleetctl_state_dir: {tmp_path / name / 'state'}\n")  # its grep cache: not this machine's
     inventory = tmp_path / "inventory.yml"
     inventory.write_text("all:\n  hosts:\n" + "".join(hosts))
     return inventory

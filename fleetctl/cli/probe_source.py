@@ -41,12 +41,16 @@ subpath_option = click.option("--subpath", metavar="PATH", help="Only this folde
               help="Matching lines listed per host; the counts always cover every match.")
 @click.option("--context", "context", type=click.IntRange(0, 50), default=0, metavar="N",
               help="Lines of context shown around each listed match.")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Read every file: neither use nor update the host's grep cache (by default a file "
+                   "an earlier search with the same terms found no term in is not read again while "
+                   "its size, mtime, inode and ctime are unchanged).")
 @venv_option
 @expect_option
 @host_options
 @click.pass_obj
 def grep(app: AppContext, terms: tuple[str, ...], package: str, subpath: str | None, ignore_case: bool,
-         regex: bool, max_hits: int, context: int, venv: str | None, expect: str | None) -> int:
+         regex: bool, max_hits: int, context: int, no_cache: bool, venv: str | None, expect: str | None) -> int:
     """Search the installed source of a package for TERMs on every host.
 
     Lists each matching line as FILE:LINE: TEXT (paths as in site-packages, e.g. sglang/srt/...),
@@ -56,7 +60,7 @@ def grep(app: AppContext, terms: tuple[str, ...], package: str, subpath: str | N
     --expect present: exit 1 when some host has zero matching lines for ANY term (every term must
     be found on every host). --expect absent: exit 1 when some host matches ANY term.
     """
-    request = GrepRequest(terms, package, subpath, ignore_case, regex, max_hits, context, venv)
+    request = GrepRequest(terms, package, subpath, ignore_case, regex, max_hits, context, venv, not no_cache)
     request.validate()
     with app.fleet(read_only=True, in_venv=venv or True) as fleet:
         results = run_grep(fleet, request)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.probes import Expect, host_venv, probe_python
 from fleetctl.transport.base import HostResult, HostSession
@@ -35,6 +36,7 @@ class GrepRequest:
     max_hits: int = 200
     context: int = 0
     venv: str | None = None
+    cache: bool = True  # the host keeps what a search learnt of each file for the next one (remote/grep_cache.py)
 
     def __post_init__(self) -> None:
         # The same term twice would only repeat a row of the matrix.
@@ -103,6 +105,8 @@ class GrepHostResult:
     binary_files: int = 0
     unreadable_files: int = 0
     elapsed_ms: float = 0.0
+    cached_files: int = 0  # not read: the host's grep cache knew them to hold no term (or to be binary)
+    cache_note: str | None = None  # why the host's grep cache was not used or not saved
 
     @property
     def not_shown(self) -> int:
@@ -116,7 +120,8 @@ class GrepHostResult:
             package_dir=d["package_dir"], python=d["python"], python_version=d.get("python_version", ""),
             matched_lines=int(d["matched_lines"]), shown=int(d["shown"]),
             binary_files=int(d.get("binary_files", 0)), unreadable_files=int(d.get("unreadable_files", 0)),
-            elapsed_ms=float(d.get("elapsed_ms", 0.0)),
+            elapsed_ms=float(d.get("elapsed_ms", 0.0)), cached_files=int(d.get("cached_files") or 0),
+            cache_note=d.get("cache"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,7 +148,10 @@ def call_source(session: HostSession, params: dict[str, Any], venv: str | None) 
 
 
 def grep_host(session: HostSession, request: GrepRequest) -> GrepHostResult:
-    return GrepHostResult.from_dict(call_source(session, request.params(), request.venv))
+    params = request.params()
+    if request.cache:
+        params["cache_dir"] = hostpaths.cache_dir(session.vars)
+    return GrepHostResult.from_dict(call_source(session, params, request.venv))
 
 
 def run_grep(fleet: Fleet, request: GrepRequest) -> dict[str, HostResult[GrepHostResult]]:

@@ -202,34 +202,6 @@ class HashCache(object):
         return write_private(self.path, hashlib.sha256(head).hexdigest().encode() + b"\n" + head + b"\n" + body)
 
 
-def write_private(path, data):
-    """Replace ``path`` with ``data``, private to this user (0600 in a 0700 folder), atomically: a
-    concurrent reader sees the old or the new file. Returns an error text, None when written."""
-    folder, tmp = os.path.dirname(path), None
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.stat(folder)
-        if st.st_uid != os.geteuid():
-            return "hash cache not saved: %s belongs to another user" % folder
-        if st.st_mode & 0o077:
-            os.chmod(folder, 0o700)
-        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.rename(tmp, path)
-        tmp = None
-    except (IOError, OSError) as exc:
-        return "hash cache not saved: %s" % exc
-    finally:
-        if tmp:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return None
-
-
 def valid_entries(doc):
     """(files, dirs) of a cache file's second line, or None when it is not what HashCache writes."""
     if type(doc) is not dict:

@@ -1,5 +1,6 @@
 # fleetctl-include: source_fanout
 # fleetctl-include: source_symbol
+# fleetctl-include: grep_cache
 """Search the source of a package installed for this interpreter: grep and symbol.
 
 Stdlib only, Python >= 3.8. Run under a venv's python (the agent starts it as a child) so that the
@@ -11,7 +12,10 @@ params:
   mode:        "grep" | "symbol"
   package:     import name, e.g. "sglang" ("sglang.srt" works too, nothing is imported)
   subpath:     optional folder or file under the package, e.g. "srt"
-  grep:        terms (list of str), regex (bool), ignore_case (bool), max_hits (int), context (int)
+  grep:        terms (list of str), regex (bool), ignore_case (bool), max_hits (int), context (int),
+               cache_dir (str: where what this search learnt is kept for the next one with the same
+               terms, grep_cache.py; a user who cannot write it keeps its own in ~/.cache/fleetctl;
+               without it every file is read and nothing is kept)
   symbol:      name ("update_mamba_state_after_mtp_verify" or "SpeculativeAlgorithm.DFLASH")
 
 Speed matters (2,141 files in sglang/srt): each file is read once as bytes; fixed strings are
@@ -287,27 +291,47 @@ def grep_file(data, terms, finders, kind, budget, context, firsts=None):
     return entry
 
 
-def grep_files(paths, root, terms, finders, kind, max_hits, context):
-    """(entries, binary files, unreadable files) of some files, in the order given; at most max_hits
-    lines listed."""
-    entries, binary, unreadable, shown = [], 0, 0, 0
+def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None):
+    """(entries, binary files, unreadable files, files answered by the cache, what the cache learnt)
+    of some files, in the order given; at most max_hits lines listed. ``cache``: a GrepCache whose
+    keys are paths relative to ``root`` (or None): a file whose stat shows the very file an earlier
+    search read is answered from it, unread (see reusable)."""
+    entries, binary, unreadable, shown, cached, learnt = [], 0, 0, 0, 0, {}
+    cut = len(root.rstrip("/")) + 1
     for path in paths:
+        rel, st = path[cut:], None
+        if cache is not None:
+            st, known = cache.look(path, rel)  # before the read: a change after it moves ctime past the kept one
+            if known is not None and (type(known) is not dict or reusable(known, max_hits - shown)):
+                cached += 1
+                if type(known) is dict:
+                    known = dict(known)  # trim_hits changes it; the cache's own stays whole
+                    trim_hits([known], max_hits - shown, context)
+                    shown += len(known["hits"])
+                    entries.append(known)
+                else:
+                    binary += known == BINARY
+                continue
         data = read_text_bytes(path)
         if data is None or data is UNREADABLE:
             binary += data is None
             unreadable += data is UNREADABLE
+            if data is None and st is not None:
+                cache.learn(learnt, rel, st, BINARY)
             continue
         firsts = None
+        entry = None
         if kind == "bytes":  # most files hold no term: skip them without more ado
             firsts = [find(data, 0) for find in finders]
-            if max(firsts) < 0:
-                continue
-        entry = grep_file(data, terms, finders, kind, max_hits - shown, context, firsts)
+        if firsts is None or max(firsts) >= 0:
+            entry = grep_file(data, terms, finders, kind, max_hits - shown, context, firsts)
         if entry is not None:
-            entry["path"] = os.path.relpath(path, root)
+            entry["path"] = rel
             shown += len(entry["hits"])
             entries.append(entry)
-    return entries, binary, unreadable
+        if st is not None:
+            cache.learn(learnt, rel, st, NO_MATCH if entry is None else MATCH, entry)
+    return entries, binary, unreadable, cached, learnt
 
 
 def trim_hits(files, budget, context):
@@ -323,16 +347,21 @@ def trim_hits(files, budget, context):
 def grep(params):
     started = time.perf_counter()
     terms = list(params.get("terms") or [])
-    finders, kind = compile_terms(terms, bool(params.get("regex")), bool(params.get("ignore_case")))
+    regex, ignore_case = bool(params.get("regex")), bool(params.get("ignore_case"))
+    finders, kind = compile_terms(terms, regex, ignore_case)
     root, pkg_dir, base = search_base(params)
     max_hits = max(int(params.get("max_hits", 200)), 0)
     context = max(int(params.get("context") or 0), 0)
     paths = sorted(list_files(base))  # sorted first, so the listed hits are the first ones by path
+    cache = None
+    if params.get("cache_dir"):
+        key = (root, base, terms, regex, ignore_case, context)
+        cache = GrepCache(user_cache_dir(params["cache_dir"], "cache"), key)
 
     budget = [max_hits]  # lines this process may still list: its chunks of paths come in order
 
     def work(part):
-        found = grep_files(part, root, terms, finders, kind, budget[0], context)
+        found = grep_files(part, root, terms, finders, kind, budget[0], context, cache)
         budget[0] -= sum(len(e["hits"]) for e in found[0])
         return found
 
@@ -349,6 +378,7 @@ def grep(params):
         "searched_files": len(paths) - binary - unreadable, "binary_files": binary,
         "unreadable_files": unreadable, "files": files, "counts": counts,
         "matched_lines": matched, "shown": shown, "truncated": shown < matched, "workers": workers,
+        "cached_files": sum(p[3] for p in parts), "cache": cache_note(cache, root, paths, parts),
         "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
     })
     return answer

@@ -1,7 +1,7 @@
 # Included by host-side modules that write (`# fleetctl-include: writable`): before an operation
 # changes anything, check that this user can write every folder it will write, and refuse in one
-# line naming the path when it cannot; and pick a per-user folder for caches this user cannot
-# keep where root keeps them.
+# line naming the path when it cannot; pick a per-user folder for caches this user cannot keep
+# where root keeps them; and replace a cache file, private to this user, atomically.
 #
 # Stdlib only, Python >= 3.8. A target is [path, purpose, setting]: the folder (or file) the
 # operation writes, what it is for ("deploy lock"), and the host var that moves it
@@ -66,3 +66,30 @@ def user_cache_dir(wanted, name):
         return wanted
     return os.path.join(os.path.expanduser("~"), ".cache", "fleetctl", name)
 
+
+def write_private(path, data):
+    """Replace ``path`` with ``data``, private to this user (0600 in a 0700 folder), atomically: a
+    concurrent reader sees the old or the new file. Returns an error text, None when written."""
+    folder, tmp = os.path.dirname(path), None
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.stat(folder)
+        if st.st_uid != os.geteuid():
+            return "cache not saved: %s belongs to another user" % folder
+        if st.st_mode & 0o077:
+            os.chmod(folder, 0o700)
+        tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.rename(tmp, path)
+        tmp = None
+    except (IOError, OSError) as exc:
+        return "cache not saved: %s" % exc
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return None
