@@ -203,6 +203,8 @@ def test_probe_import_grep_http_script(lab: LabHandle, run: Runner, tmp_path: Pa
     assert grep.data["counts"]["class SpeculativeAlgorithm"] >= 1
     absent = run("probe", "lab3", {"grep": "NO_SUCH_TEXT_ANYWHERE", "venv": ML_VENV, "expect": "absent"})
     assert not absent.failed and absent.data["absent"] is True
+    fresh = run("probe", "lab3", {"grep": "NO_SUCH_TEXT_ANYWHERE", "venv": ML_VENV, "cache": False})
+    assert fresh.data["cached_files"] == 0 and fresh.data["counts"] == absent.data["counts"]
     http = run("probe", "lab1", {"http": "/health", "port": 1, "status": 200, "timeout": 2})
     assert http.failed and http.msg == "expected /health to answer 200, got refused"
     (tmp_path / "probe.py").write_text("import json, os, sys\n"

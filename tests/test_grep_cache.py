@@ -63,9 +63,9 @@ def count_reads(source: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     read: list[str] = []
     real = source.read_text_bytes
 
-    def counted(path: str) -> Any:
+    def counted(path: str, stats: list[os.stat_result] | None = None) -> Any:
         read.append(path)
-        return real(path)
+        return real(path, stats)
 
     monkeypatch.setitem(source.__dict__, "read_text_bytes", counted)
     return read

@@ -136,13 +136,16 @@ def list_files(base, suffixes=None):
     return out
 
 
-def read_text_bytes(path):
-    """The file's bytes; None for a binary file (only its first 64 KB are read then); UNREADABLE."""
+def read_text_bytes(path, stats=None):
+    """The file's bytes; None for a binary file (only its first 64 KB are read then); UNREADABLE.
+    ``stats``: a list the opened file's fstat is put in, before it is read."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return UNREADABLE
     try:
+        if stats is not None:
+            stats.append(os.fstat(fd))
         head = os.read(fd, FIRST_READ)  # most source files fit: one read
         if head.find(b"\0", 0, BINARY_PROBE) >= 0:
             return None
@@ -299,8 +302,10 @@ def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None)
     entries, binary, unreadable, shown, cached, learnt = [], 0, 0, 0, 0, {}
     cut = len(root.rstrip("/")) + 1
     for path in paths:
-        rel, st = path[cut:], None
-        if cache is not None:
+        rel, st, stats = path[cut:], None, None
+        if cache is not None and not cache.entries:  # nothing kept: the file's identity comes with its read
+            stats = []
+        elif cache is not None:
             st, known = cache.look(path, rel)  # before the read: a change after it moves ctime past the kept one
             if known is not None and (type(known) is not dict or reusable(known, max_hits - shown)):
                 cached += 1
@@ -312,7 +317,8 @@ def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None)
                 else:
                     binary += known == BINARY
                 continue
-        data = read_text_bytes(path)
+        data = read_text_bytes(path, stats)
+        st = stats[0] if stats else st
         if data is None or data is UNREADABLE:
             binary += data is None
             unreadable += data is UNREADABLE

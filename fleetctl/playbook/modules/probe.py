@@ -26,7 +26,8 @@ from fleetctl.probes.symbols import SymbolRequest, is_found, symbol_host
 KINDS = ("grep", "symbol", "import_", "http", "script")
 # The options each kind takes, as the matching CLI command offers them.
 OPTIONS: dict[str, frozenset[str]] = {
-    "grep": frozenset({"venv", "package", "subpath", "ignore_case", "regex", "max_hits", "context", "expect"}),
+    "grep": frozenset({"venv", "package", "subpath", "ignore_case", "regex", "max_hits", "context", "cache",
+                       "expect"}),
     "symbol": frozenset({"venv", "package", "subpath", "expect"}),
     "import_": frozenset({"venv", "timeout", "expect"}),
     "http": frozenset({"port", "fields", "status", "timeout"}),
@@ -51,6 +52,7 @@ class ProbeArgs(Args):
     regex: bool = False
     max_hits: int = Field(default=200, ge=0)
     context: int = Field(default=0, ge=0, le=50)
+    cache: bool = True  # grep: false reads every file, as the CLI's --no-cache
     port: int | None = Field(default=None, ge=1, le=65535)
     fields: list[str] = []
     status: int | None = Field(default=None, ge=100, le=599)  # http: fail unless it answers this status
@@ -122,7 +124,7 @@ class Answer:
 
 def ask_grep(mc: ModuleContext, a: ProbeArgs) -> Answer:
     req = GrepRequest(tuple(a.grep or ()), a.package, a.subpath, a.ignore_case, a.regex, a.max_hits, a.context,
-                      a.venv)
+                      a.venv, a.cache)
     res = grep_host(mc.session, req)
     counts = ", ".join(f"{t}: {n}" for t, n in res.counts.items())
     # As the CLI: present means every term matches, absent that no term does.
