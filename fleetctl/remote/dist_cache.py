@@ -9,7 +9,6 @@ import hashlib
 import marshal
 import os
 import sys
-from stat import S_ISREG
 
 DIST_CACHE_SCHEMA = "fleetctl-drift-dists/1"
 DIST_FILES = ("METADATA", "RECORD", "top_level.txt")  # what an entry's value is derived from
@@ -47,15 +46,9 @@ class DistCache(object):
             self.ignored = self.load()
 
     def load(self):
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return None  # none yet (or unreadable: parsed as if there were none)
-        with os.fdopen(fd, "rb") as handle:
-            st = os.fstat(handle.fileno())
-            if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                return "not a private file of this user"
-            data = handle.read()
+        data, distrust = read_private(self.path)
+        if data is None:
+            return distrust  # None: none yet (or unreadable: parsed as if there were none)
         cut = data.find(b"\n")
         check, body = memoryview(data)[:max(cut, 0)], memoryview(data)[cut + 1:]  # no copy of the 5 MB body
         if cut < 0 or check != hashlib.sha256(body).hexdigest().encode():

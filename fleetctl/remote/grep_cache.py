@@ -14,7 +14,6 @@ import os
 import sys
 import time
 import zlib
-from stat import S_ISREG
 
 GREP_CACHE_SCHEMA = "fleetctl-grep/1"
 NO_MATCH, MATCH, BINARY = 0, 1, 2  # a file's verdict: no term in it, some term in it, not text
@@ -61,15 +60,9 @@ class GrepCache(object):
         self.ignored = self.load()
 
     def load(self):
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return None  # none yet (or unreadable: searched as if there were none)
-        with os.fdopen(fd, "rb") as handle:
-            st = os.fstat(handle.fileno())
-            if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                return "not a private file of this user"
-            data = handle.read()
+        data, distrust = read_private(self.path)
+        if data is None:
+            return distrust  # None: none yet (or unreadable: searched as if there were none)
         cut = data.find(b"\n")
         body = memoryview(data)[cut + 1:]
         if cut < 0 or data[:cut] != b"%08x" % zlib.crc32(body):

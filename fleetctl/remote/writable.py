@@ -7,6 +7,7 @@
 # operation writes, what it is for ("deploy lock"), and the host var that moves it
 # ("fleetctl_state_dir"), or None when no setting does.
 import os
+from stat import S_ISREG
 
 
 class NotPermitted(Exception):
@@ -93,3 +94,18 @@ def write_private(path, data):
             except OSError:
                 pass
     return None
+
+
+def read_private(path):
+    """(bytes, None) of a cache file this user wrote, private to it (a regular file, its own, no
+    access for others), symlinks not followed; (None, None) when there is none or it cannot be
+    opened (the caller goes on as if there were none); (None, why) when it is not to be trusted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None, None
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None, "not a private file of this user"
+        return handle.read(), None
