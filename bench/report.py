@@ -149,8 +149,11 @@ def fresh_targets(fleet: dict[str, dict[str, dict[str, list[float]]]],
     found: list[dict[str, Any]] = []
 
     def add(hosts: str, job: str, what: str, value: float, met: bool) -> None:
+        # A first search (grep caches cleared) is shown beside the issue's rows, for reference: the
+        # issue's source search is the repeated one, every tool with the host's cache alike.
+        issue = "23 (reference)" if job.endswith(", first run") else 23
         found.append({"hosts": int(hosts), "job": job, "what": what, "value": round(value, 2), "met": met,
-                      "issue": 23})
+                      "issue": issue})
 
     for job, tools in fleet.get("32", {}).items():
         if "fleetctl" not in tools:
