@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +30,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Unexpected skips and deselections fail the run; so does a whole-suite run without the lab."""
     skip_guard.pytest_configure(config)
+    # A suite started in the background by a shell without job control (`make test &` in a script,
+    # nohup) inherits SIGINT ignored, and so would every fleetctl it starts: the Ctrl-C tests would
+    # then wait for an interrupt that never lands. A terminal never ignores it; neither do the tests.
+    # A handler (not SIG_IGN) is reset to the default in the children exec'd from here.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # `make pytest` runs two pytest-xdist workers, each taking whole modules (--dist loadfile) in this

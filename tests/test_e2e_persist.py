@@ -126,7 +126,9 @@ def test_an_import_probe_sees_a_changed_package_through_a_kept_agent(
     try:
         lab_fleet.ssh("lab1", f"echo 'OLD_NAME = 1' > {module}")
         assert probe("absent") == 0
-        lab_fleet.ssh("lab1", f"echo 'NEW_NAME = 2' > {module}")  # a deploy changed the package
+        # A deploy changed the package. Not to the same size: within the same second Python's own
+        # bytecode check (source mtime in seconds and size) would take the first import's .pyc.
+        lab_fleet.ssh("lab1", f"echo 'NEW_NAME = 2  # the new release' > {module}")
         assert probe("present") == 0  # not the module an earlier command imported
         listed = mux.server_status(mux.socket_path(mux_dir)) or []
         assert any(f"{venv}/bin/python" in c["pythons"] for c in listed)  # the venv got an agent of its own
