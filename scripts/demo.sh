@@ -42,7 +42,7 @@ step "Bring lab4 level: overlay sglang from lab1's venv the way an installer wou
   f -l lab1,lab4 venv overlay --from lab1 --venv /root/ml-env
 step "Drift again: no difference left" f drift --venv /root/ml-env --skip unsatisfied --verify-files
 
-say "Kept connections (--persist, like ControlPersist): the same search twice; the second skips connecting"
+say "Kept connections (--persist, like ControlPersist): the same search twice; the second skips connecting (and each host's grep cache answers for its unchanged files)"
 export FLEETCTL_MUX_DIR="$PWD/$DEMO/mux"
 TIMEFORMAT='   took %R s'
 for run in "connects, then keeps the connections" "over the kept connections"; do
