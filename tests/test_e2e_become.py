@@ -75,6 +75,12 @@ def test_read_only_paths_with_become(release_free_lab: LabHandle, fleetop_invent
     grep = cli(capsys, fleetop_inventory, "-b", "-l", "lab1", "probe", "grep", "update_mamba_state_after_mtp_verify",
                "--package", "sglang", "--subpath", "srt", *venv, "--json")
     assert grep.rc == 0 and grep.json()["hosts"]["lab1"]["value"]["matched_lines"] > 0, grep.out + grep.err
+    again = cli(capsys, fleetop_inventory, "-b", "-l", "lab1", "probe", "grep", "update_mamba_state_after_mtp_verify",
+                "--package", "sglang", "--subpath", "srt", *venv, "--json").json()["hosts"]["lab1"]["value"]
+    assert again["files"] == grep.json()["hosts"]["lab1"]["value"]["files"] and again["cache_note"] is None
+    assert again["cached_files"] > 0  # root's grep cache under sudo, not fleetop's
+    kept = release_free_lab.ssh("lab1", "stat -c '%U %a' /var/lib/fleetctl/cache/grep-*.marshal").stdout.split()
+    assert kept[:2] == ["root", "600"], kept
     symbol = cli(capsys, fleetop_inventory, "-b", "-l", "lab1,lab2", "probe", "symbol", "SpeculativeAlgorithm.DFLASH",
                  *venv, "--json")
     hosts = symbol.json()["hosts"]

@@ -173,6 +173,15 @@ def test_the_whole_story_on_the_full_environment(full_lab: LabHandle, capsys: py
     assert {"duplicate-dist-info", "modified-file", "orphan-file", "unsatisfied"} <= kinds, kinds
     assert all(f["package"] == "sglang" for f in stale if f["kind"] in ("duplicate-dist-info", "modified-file"))
 
+    # grep over the whole installed sglang, twice: the second from each host's grep cache.
+    grep = ("probe", "grep", "update_mamba_state_after_mtp_verify", "DFLASH", "--venv", VENV, "--json")
+    first = cli(capsys, lab, "-l", "lab1,lab2", *grep).json()["hosts"]
+    second = cli(capsys, lab, "-l", "lab1,lab2", *grep).json()["hosts"]
+    for host in ("lab1", "lab2"):  # lab2's files just written are read again until they are 2 s old
+        assert second[host]["value"]["files"] == first[host]["value"]["files"]
+    assert second["lab1"]["value"]["cached_files"] == second["lab1"]["value"]["searched_files"] + \
+        second["lab1"]["value"]["binary_files"]
+
     # The definitions apart: lab1's own definition in the hybrid backend is not on lab2.
     r = cli(capsys, lab, "-l", "lab1,lab2", "probe", "symbol", "update_mamba_state_after_mtp_verify",
             "--venv", VENV, "--json")
@@ -195,6 +204,13 @@ def test_the_whole_story_on_the_full_environment(full_lab: LabHandle, capsys: py
     assert {f["kind"] for f in findings(r, "lab2")} <= {"shared-file", "overlay"}
     r = cli(capsys, lab, "-l", "lab2", "venv", "overlay", "--from", "lab1", "--venv", VENV, "--dry-run", "--json")
     assert r.rc == 0 and not r.json()["hosts"]["lab2"]["value"]["changes"], r.out[-3000:]  # level: nothing to send
+    # The overlay rewrote lab2's sglang files: its grep cache answers as a full read does, and as lab1.
+    cached = cli(capsys, lab, "-l", "lab1,lab2", *grep).json()["hosts"]
+    fresh = cli(capsys, lab, "-l", "lab1,lab2", *grep, "--no-cache").json()["hosts"]
+    for host in ("lab1", "lab2"):
+        assert cached[host]["value"]["files"] == fresh[host]["value"]["files"] == first["lab1"]["value"]["files"]
+        assert cached[host]["value"]["counts"] == fresh[host]["value"]["counts"]
+    assert first["lab2"]["value"]["counts"] != first["lab1"]["value"]["counts"]  # the stale host differed before
 
     # The plain release on both, then launch args judged by the installed SGLang's own parser before
     # anything switches (issue 17), then the DDTree release over it, its patches applied to the full

@@ -43,8 +43,8 @@ subpath_option = click.option("--subpath", metavar="PATH", help="Only this folde
               help="Lines of context shown around each listed match.")
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Read every file: neither use nor update the host's grep cache (by default a file "
-                   "an earlier search with the same terms found no term in is not read again while "
-                   "its size, mtime, inode and ctime are unchanged).")
+                   "an earlier search with the same terms read is answered from what it found there, "
+                   "unread, while its size, mtime, inode and ctime are unchanged).")
 @venv_option
 @expect_option
 @host_options

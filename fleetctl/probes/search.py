@@ -105,7 +105,7 @@ class GrepHostResult:
     binary_files: int = 0
     unreadable_files: int = 0
     elapsed_ms: float = 0.0
-    cached_files: int = 0  # not read: the host's grep cache knew them to hold no term (or to be binary)
+    cached_files: int = 0  # not read: answered from the host's grep cache (no term, binary, or the kept lines)
     cache_note: str | None = None  # why the host's grep cache was not used or not saved
 
     @property

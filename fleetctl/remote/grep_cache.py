@@ -52,12 +52,11 @@ class GrepCache(object):
     def __init__(self, cache_dir, key):
         self.key = repr(key)
         self.entries = {}
-        self.ignored = None  # why a cache file there was not used
         self.started_ns = time.time_ns()
         key_bytes = self.key.encode("utf-8", "surrogateescape")
         name = "grep-%08x%08x.marshal" % (zlib.crc32(key_bytes), zlib.adler32(key_bytes))
         self.path = os.path.join(cache_dir, name)
-        self.ignored = self.load()
+        self.ignored = self.load()  # why a cache file there was not used
 
     def load(self):
         data, distrust = read_private(self.path)
@@ -105,7 +104,7 @@ class GrepCache(object):
             learnt[rel] = value
 
     def save(self, paths, learnt):
-        """Keep what this search learnt (rel -> (identity, verdict)) with what it reused, for the
+        """Keep what this search learnt (rel -> (identity, verdict, entry)) with what it reused, for the
         files it searched (``paths``, relative): a file gone drops out. Returns an error text."""
         entries = dict((rel, self.entries[rel]) for rel in paths if rel in self.entries)
         if not learnt and len(entries) == len(self.entries):
