@@ -19,6 +19,7 @@ from fleetctl import drift_requirements, hostpaths
 from fleetctl.errors import InputError, RemoteOperationError
 from fleetctl.facts import collect_gpu
 from fleetctl.gpu import GpuFacts
+from fleetctl.inventory.model import Host
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin
 from fleetctl.probes import probe_python
 from fleetctl.transport.base import HostResult, HostSession
@@ -290,6 +291,14 @@ class DriftReport:
         kinds = {Kind.VERSION, Kind.MISSING, Kind.EXTRA, Kind.DUPLICATE}
         return sorted({f.package for fs in self.findings.values() for f in fs if f.kind in kinds and f.package})
 
+    def audited(self) -> dict[str, list[str]]:
+        """What each host's audit read, gathered: ``venv PATH`` or the agent's interpreter -> hosts."""
+        out: dict[str, list[str]] = {}
+        for host, inv in sorted(self.inventories.items()):
+            what = f"venv {inv.venv}" if inv.venv else f"{inv.python} (no venv named: the agent's interpreter)"
+            out.setdefault(what, []).append(host)
+        return out
+
     def summary(self) -> str:
         total = len(self.inventories) + len(self.failed)
         parts = [f"{len(self.differing_packages())} packages differ"]
@@ -325,3 +334,13 @@ def audit(
         h: [f for f in host_findings(inv, base, packages) if f.kind not in skipped] for h, inv in inventories.items()
     }
     return DriftReport(base, inventories, failed, findings)
+
+
+def require_a_venv(hosts: Iterable[Host], venv: str | None) -> None:
+    """Refuse, before any host is contacted, an audit that names no venv for any host: it would read
+    whatever interpreter the agent runs and could call a fleet of differing ML venvs drift-free."""
+    if venv:
+        return
+    if not any(h.vars.get("venv") for h in hosts):
+        raise InputError("drift: no venv named for any selected host: pass --venv PATH or set the host var "
+                         "`venv` (the audit reads a venv's installed packages)")

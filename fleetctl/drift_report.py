@@ -200,6 +200,8 @@ def print_table(report: DriftReport, show_all: bool = False, max_findings: int =
     from fleetctl import render
 
     out = render.console()
+    for what, names in report.audited().items():  # what was read, so "no drift" says of what
+        out.print(Text.assemble("audited: ", (",".join(names), "bold"), f" {what}"))
     m = matrix(report, show_all)
     if m.rows:
         rows = [[name, *(Text(c.text, style=STYLES.get(c.kind, "")) for c in cells)] for name, cells in m.rows]

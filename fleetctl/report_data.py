@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl import drift
-from fleetctl.errors import ConnectError, FleetError
+from fleetctl.errors import ConnectError, FleetError, InputError
 from fleetctl.facts import collect_gpu
 from fleetctl.gpu_health import HostHealth, Thresholds, evaluate
 from fleetctl.inventory import Host
@@ -87,6 +87,8 @@ def gather_host(session: HostContext, request: ReportRequest) -> HostGathered:
     except FleetError as exc:
         out.errors["gpu"] = _why(exc)
     try:
+        if not (request.venv or session.vars.get("venv")):  # nothing named: no audit to call in line
+            raise InputError("no venv named (--venv or the host var venv): nothing audited")
         out.inventory = drift.collect(session, request.venv, request.verify_files, facts)
     except ConnectError:
         raise

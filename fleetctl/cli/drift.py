@@ -41,6 +41,7 @@ def drift(app: AppContext, venv: str | None, baseline_host: str | None, lock_fil
     if baseline_host and lock_file:
         raise click.UsageError("--baseline and --lock are exclusive: pick one baseline")
     lock = (parse_lock(lock_file), str(lock_file)) if lock_file else None
+    core.require_a_venv(app.selected_hosts(), venv)
     with app.fleet(read_only=True, in_venv=venv or True) as fleet:
         results = fleet.map(lambda ctx: core.collect(ctx, venv, verify_files))
     report = core.audit(results, baseline_host=baseline_host, lock=lock, packages=packages, skip=skip)

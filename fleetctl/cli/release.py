@@ -80,7 +80,9 @@ def print_halted(halted: dict[str, Any]) -> None:
 
 def _deploy_reason(r: Any) -> str:
     gate = r.failed_gate()
-    back = f"; rolled back to {r.previous}" if r.outcome == "rolled-back" else "; no previous release: service stopped"
+    back = {"rolled-back": f"; rolled back to {r.previous}",
+            "config-restored": f"; {r.release_id} back on the configuration that served"}.get(
+        r.outcome, "; no previous release: service stopped")
     if r.restart_error:
         return f"restart failed: {r.restart_error}{back}"
     return f"health gate failed: {gate.name}: {gate.detail}{back}" if gate else r.outcome
@@ -103,8 +105,9 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
         failed = v.failed_gate() if v else None
         gates = (f"FAILED {failed.name}" if failed else f"{len(v.gates)} passed") if v and v.gates else ""
         build = f"{v.build.get('linked', 0)} linked, {v.build.get('copied', 0)} copied" if v and v.build else ""
-        rows.append([name, render.status_text(res), v.outcome if v else "", v.previous or "-" if v else "", build,
-                     gates])
+        outcome = (f"would {v.plan}" if v.plan != "unchanged" else "unchanged") if v and v.outcome == "planned" \
+            else v.outcome if v else ""
+        rows.append([name, render.status_text(res), outcome, v.previous or "-" if v else "", build, gates])
     out.print(render.table(f"release {release_id}", ["host", "status", "outcome", "previous", "build", "gates"], rows))
     planned = {", ".join(sorted(r.value.diffs)) for r in results.values() if r.value and r.value.diffs}
     for files in sorted(planned):
@@ -118,11 +121,19 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
                     out.print(render.cell(f"--- {path}"), style="bold")
                     out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
     print_broken_locks(results)
-    for name, res in results.items():
-        if res.value is not None and res.value.note:
-            out.print(render.cell(f"{name}: {res.value.note}"))
+    print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
     render.print_failures(results)
     out.print(render.summary_line(results))
+
+
+def print_notes(notes: dict[str, str]) -> None:
+    """Each note once, with the hosts that said it (eight hosts, one line: as ``shell`` gathers output)."""
+    gathered: dict[str, list[str]] = {}
+    for name, note in notes.items():
+        if note:
+            gathered.setdefault(note, []).append(name)
+    for note, hosts in gathered.items():
+        render.console().print(render.cell(f"{','.join(hosts)}: {note}"))
 
 
 def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
@@ -137,19 +148,22 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 @click.command()
 @click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--check", is_flag=True, help="Name each host's target release; switch nothing.")
 @break_lock_option
 @rollout_options
 @host_options
 @click.pass_obj
-def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool, rollout: Any) -> int:
-    """Switch back to a release already on the hosts and restart: nothing is reinstalled."""
+def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break_lock: bool, rollout: Any) -> int:
+    """Switch back to a release already on the hosts and restart: nothing is reinstalled. The default
+    target is the release before the current one in each host's history that was never rolled back
+    from; a host already rolled back stays (--to goes further back), so a re-run is safe."""
     from fleetctl.release.deploy import who
     from fleetctl.release.manage import rollback_host
 
     holder = who(f"fleetctl rollback {to or ''}".strip())
     with app.fleet() as fleet:
         results, halted = in_batches(app, fleet, rollout, holder["command"],
-                                     lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock))
+                                     lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock, check), check)
     mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
                 + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
     if app.json:
@@ -158,6 +172,7 @@ def rollback(app: AppContext, to: str | None, timeout: float, break_lock: bool, 
         rows = [[n, render.status_text(r), *([r.value.outcome, r.value.from_id or "-", r.value.to_id] if r.value
                                              else ["", "", ""])] for n, r in results.items()]
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
+        print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
         print_broken_locks(results)
         render.print_failures(results)
         print_halted(halted)

@@ -23,7 +23,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 
 from fleetctl.errors import HostError
-from fleetctl.release import identity, servers
+from fleetctl.release import identity, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
 from fleetctl.release import stage as stagelib
@@ -58,7 +58,8 @@ class HostLocked(HostError):
 class DeployResult:
     host: str
     release_id: str
-    outcome: str  # planned | staged | deployed | unchanged | rolled-back | failed-no-previous
+    outcome: str  # planned | staged | deployed | reconfigured | unchanged | rolled-back | failed-no-previous
+    #                | config-restored (a reconfiguration failed its gates: the configuration that served is back)
     previous: str | None = None
     build: dict[str, Any] = field(default_factory=dict)
     gates: list[GateResult] = field(default_factory=list)
@@ -72,6 +73,8 @@ class DeployResult:
     rebuilt: str = ""  # why this host builds the release under another id (its base changed)
     staged: bool = False  # the build was staged earlier (release/stage.py): only switched, restarted, gated
     verified: int = 0  # state staged: the release's files checked against its manifest
+    plan: str = ""  # deploy | reconfigure | unchanged (plan_switch): what check mode says and the run does
+    changed: list[str] = field(default_factory=list)  # reconfigure: the host's configuration files rewritten
 
     @property
     def note(self) -> str:
@@ -81,7 +84,7 @@ class DeployResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("planned", "deployed", "unchanged", "staged")
+        return self.outcome in ("planned", "deployed", "reconfigured", "unchanged", "staged")
 
     def failed_gate(self) -> GateResult | None:
         return next((g for g in self.gates if not g.ok), None)
@@ -166,27 +169,31 @@ def load_patches(spec: ReleaseSpec) -> Loaded:
 def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: bool, holder: dict[str, Any],
                 break_lock: bool = False, rebuild: bool = False, stage_only: bool = False) -> DeployResult:
     """Deploy ``spec`` on the host; ``stage_only``: the build half only (``release/stage.py``). A host
-    where this spec is staged (its base unchanged since) goes straight to the switch half."""
+    where this spec is staged (its base unchanged since) goes straight to the switch half. What
+    happens is decided once (``plan_switch``): check mode reports that decision, the real run does it."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
         staged = None if check or rebuild or stage_only else stagelib.find_staged(session, spec, layout)
         if staged is not None and staged.release_id:
             state = session.call("release_host", {"op": "state", **layout.params()})
-            rid = staged.release_id
-            previous = state.get("previous") if state.get("current") == rid else state.get("current")
-            result = DeployResult(session.name, rid, "planned", previous=previous, broke_lock=broke,
-                                  staged=True)
-            unchanged = state.get("current") == rid and service_running(session, spec, layout)
-            return go_live(session, spec, layout, result, holder, unchanged)
+            if state.get("current") != staged.release_id:
+                result = DeployResult(session.name, staged.release_id, "planned", previous=state.get("current"),
+                                      broke_lock=broke, staged=True)
+                # The host's configuration as of now, not as of staging (a token rotated since).
+                kernels = release_kernels(session, spec, base_venv_path(spec, layout))
+                reconfig.write(session, layout, staged.release_id, host_files(session, spec, layout, kernels))
+                return go_live(session, spec, layout, result, holder, state)
         result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
         result.broke_lock = broke
+        rid = result.release_id
+        config = host_files(session, spec, layout, kernels)
+        result.plan, result.changed = plan_switch(session, spec, layout, base["state"], rid, config)
         if check:
-            result.diffs = diffs(base, files, spec, kernels, host_vars=masked(session.vars), layout=layout)
+            planned = diffs(base, files, spec, kernels, host_vars=masked(session.vars), layout=layout)
+            result.diffs = reconfig.shown(planned, result.plan, result.changed)
             result.launch = launch_args_fit(session, spec, layout, base["venv_path"],
                                             patched_overlay(base["site"], files))
             return result
-        rid = result.release_id
-        unchanged = base["state"].get("current") == rid and service_running(session, spec, layout)
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
@@ -196,11 +203,30 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
                                                      result.launch.to_dict())
             result.outcome = "staged"
             return result
-        if not unchanged:
+        if result.plan == "reconfigure":
+            result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
+            return reconfig.reconfigure(session, spec, layout, result, config)
+        if result.plan == "deploy":
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
                                             built=result.build)
-        return go_live(session, spec, layout, result, holder, unchanged)
+        return go_live(session, spec, layout, result, holder, base["state"])
+
+
+def plan_switch(session: HostSession, spec: ReleaseSpec, layout: HostLayout, state: dict[str, Any], rid: str,
+                config: dict[str, Any]) -> tuple[str, list[str]]:
+    """What a deploy of ``rid`` does on this host, and the configuration files it rewrites:
+    ``deploy`` (build if needed, switch, restart, gate), ``reconfigure`` (the release serves already,
+    its per-host configuration differs or was never gated: rewrite, restart, gate, and on failure back
+    to the configuration that served), ``unchanged`` (serving as planned: gated again)."""
+    if state.get("current") != rid:
+        return "deploy", []
+    answer = reconfig.diff(session, layout, rid, config)
+    if answer["changed"] or answer["pending"]:
+        return "reconfigure", list(answer["changed"])
+    if not service_running(session, spec, layout):
+        return "deploy", []  # switched but not serving: the switch half again
+    return "unchanged", []
 
 
 def build_half_plan(session: HostSession, spec: ReleaseSpec, loaded: Loaded, layout: HostLayout, check: bool,
@@ -220,10 +246,14 @@ def build_half_plan(session: HostSession, spec: ReleaseSpec, loaded: Loaded, lay
 
 
 def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
-            holder: dict[str, Any], unchanged: bool) -> DeployResult:
+            holder: dict[str, Any], state: dict[str, Any]) -> DeployResult:
     """The switch half: switch ``current`` once, then each instance in order restarted and gated;
-    any failure takes the whole host (all its instances) back to ``previous``."""
+    any failure takes the whole host (all its instances) back to ``previous``. A host found serving
+    the release (``unchanged``) is gated again; when the release never passed its gates there (a run
+    cut off mid-gate: host lost, Ctrl-C), the canary compares it with the release it replaced."""
     rid, previous = result.release_id, result.previous
+    unchanged = result.plan == "unchanged"
+    baseline = None if unchanged and rid in (state.get("passed") or []) else previous
     ours = insts.of_spec(spec)
     for n, inst in enumerate(ours):
         if not unchanged:
@@ -237,13 +267,12 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
             if failed:  # not serving the new release: back, exactly as a failed gate
                 result.restart_error = failed
                 return roll_back_after_failure(session, spec, layout, result, holder)
-        # Gates on an unchanged host too: a run cut off mid-gate (host lost, Ctrl-C) left the release
-        # switched but never checked; running again checks it, and rolls back if it is bad.
         gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
-                          None if unchanged else previous, inst.name)
+                          baseline, inst.name)
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
+    reconfig.verdict(session, layout, rid, True)
     result.outcome = "unchanged" if unchanged else "deployed"
     if not unchanged:
         pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})
@@ -339,11 +368,11 @@ def diffs(base: dict[str, Any], files: dict[str, Any], spec: ReleaseSpec,
     return out
 
 
-def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dict[str, Any],
-          files: dict[str, Any], kernels: ReleaseKernels | None, release_id: str,
-          base_fingerprint: str) -> dict[str, Any]:
-    """The release folder (service.env holds the real values, 0600), cloned from the base whose
-    fingerprint the manifest records."""
+def host_files(session: HostSession, spec: ReleaseSpec, layout: HostLayout,
+               kernels: ReleaseKernels | None) -> dict[str, Any]:
+    """The release's per-host configuration as the host stores it: every server's params (command,
+    port, unit), service.env (real values, 0600) and each instance's env, rendered with this host's
+    vars. Deploy compares it with what the host holds: a change is applied without a new release."""
     extra = {inst.params_name: json.dumps(stored_params(spec, layout, inst), indent=1) for inst in insts.of_spec(spec)}
     record = insts.release_record(spec)
     if record is not None:  # the release's instances, in order
@@ -353,6 +382,15 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
                  for inst in insts.of_spec(spec) if inst.name is not None}
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
+    return {"env_file": env_file(spec, kernel_env, session.vars), "env_files": env_files, "extra_files": extra,
+            "service_user": spec.model.service.user}
+
+
+def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dict[str, Any],
+          files: dict[str, Any], kernels: ReleaseKernels | None, release_id: str,
+          base_fingerprint: str) -> dict[str, Any]:
+    """The release folder, cloned from the base whose fingerprint the manifest records, with this
+    host's configuration (``host_files``)."""
     manifest: dict[str, Any] = {"release_id": release_id, "spec_digest": spec.digest, "spec": spec.path.name,
                                 "base_venv": base["path"], "patches": [str(p.path.name) for p in spec.patches],
                                 "base_fingerprint": base_fingerprint}
@@ -360,10 +398,8 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": release_id, "base_venv": base["path"],
-        "site": base["site"], "files": files,
-        "env_file": env_file(spec, kernel_env, session.vars), "env_files": env_files,
-        "extra_files": extra, "manifest": manifest, "kernel_files": kernels.files if kernels else {},
-        "service_user": spec.model.service.user,
+        "site": base["site"], "files": files, **host_files(session, spec, layout, kernels),
+        "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))
 
 
@@ -378,15 +414,17 @@ def roll_back_after_failure(session: HostSession, spec: ReleaseSpec, layout: Hos
     restart fails too, the service may still run the previous release (a restart that was refused
     stopped nothing): the health check after it says whether it serves."""
     ours = [i.name for i in insts.of_spec(spec)]
+    what = "restart" if result.restart_error else "health gate"
     if not result.previous:
         for name in ours:
             servers.stop(session, layout, name)
+        reconfig.verdict(session, layout, result.release_id, False, f"{what} failed")
         result.outcome = "failed-no-previous"
         return result
-    what = "restart" if result.restart_error else "health gate"
     theirs = servers.names_in(session.call("release_host", {"op": "state", **layout.params()}), result.previous)
+    # A revert: the release left is recorded as rejected, never a rollback target (release_switch.py).
     again = servers.switch_over(session, layout, result.previous, f"{what} failed for {result.release_id}", holder,
-                                [name for name in ours if name not in theirs], theirs)
+                                [name for name in ours if name not in theirs], theirs, kind="revert")
     # The release returned to is known good: give it time to start even when the failed one's gate was short.
     result.rollback_gates = servers.healthy_all(session, layout, theirs, max(spec.model.health.timeout, 30.0))
     if again:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl.errors import RemoteOperationError
 from fleetctl.probes.http import HttpRequest, field_value, probe_http
 from fleetctl.probes.imports import ImportRequest, probe_import
 from fleetctl.probes.symbols import SymbolRequest, symbol_host
@@ -37,9 +38,12 @@ class GateResult:
 def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
               release_id: str | None = None, previous: str | None = None,
               instance: str | None = None) -> list[GateResult]:
-    """Every gate in order until one fails; the list says what passed and what did not. With a
-    warm-up, its measurement is kept with ``release_id`` on the host (the next canary's baseline;
-    an instance's under ``release_id@NAME``, compared with the same instance's)."""
+    """Every gate in order until one fails; the list says what passed and what did not. The canary's
+    baseline is ``previous``'s measurement on the host, read before anything is written (``previous``
+    may be ``release_id`` itself: a reconfigured release against itself as configured before). When
+    every gate passed, the warm-up's measurement is kept with ``release_id`` on the host (the next
+    canary's baseline; an instance's under ``release_id@NAME``); a measurement that cannot be kept (a
+    full disk) fails the gates, as a release that cannot be judged next time must not pass."""
     results = [wait_healthy(session, health, layout, port, instance)]
     if not results[-1].ok:
         return results
@@ -49,12 +53,11 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         if not results[-1].ok:
             return results
     measured: dict[str, Any] | None = None
+    before = warmup.load(session, layout, previous, instance) if health.canary is not None else None
     if health.warmup is not None:
         start = time.monotonic()
         ok, detail, measured = warmup.warm_up(session, health.warmup, port)
         results.append(GateResult("warm-up", ok, detail, time.monotonic() - start, measured))
-        if release_id:
-            warmup.save(session, layout, release_id, measured, instance)
         if not ok:
             return results
     for threshold in health.thresholds:
@@ -62,10 +65,17 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         if not results[-1].ok:
             return results
     if health.canary is not None and measured is not None:
-        before = warmup.load(session, layout, previous, instance)
         ok, detail = warmup.judge(health.canary, measured, before, previous)
         results.append(GateResult(f"canary vs {previous or 'nothing before'}", ok, detail, 0.0,
                                   {"now": measured, "before": before}))
+        if not ok:
+            return results
+    if release_id and measured is not None:
+        try:
+            warmup.save(session, layout, release_id, measured, instance)
+        except RemoteOperationError as exc:
+            results.append(GateResult("warm-up saved", False, f"the measurement could not be kept on the host: "
+                                                                f"{exc.reason}"))
     return results
 
 

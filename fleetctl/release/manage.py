@@ -16,11 +16,12 @@ from fleetctl.transport.base import HostSession
 @dataclass
 class RollbackResult:
     host: str
-    outcome: str  # rolled-back | unchanged
+    outcome: str  # rolled-back | unchanged | planned (check mode)
     from_id: str | None
     to_id: str
     gates: list[GateResult] = field(default_factory=list)
     broke_lock: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
+    note: str = ""  # why nothing was done (already rolled back)
 
     @property
     def ok(self) -> bool:
@@ -28,35 +29,46 @@ class RollbackResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "outcome": self.outcome, "from": self.from_id, "to": self.to_id,
-                "gates": [g.to_dict() for g in self.gates], "broke_lock": self.broke_lock}
+                "gates": [g.to_dict() for g in self.gates], "broke_lock": self.broke_lock, "note": self.note}
 
 
 def rollback_host(session: HostSession, to: str | None, timeout: float, holder: dict[str, Any],
-                  break_lock: bool = False) -> RollbackResult:
-    """Switch ``current`` to ``to`` (a release id, the same on every host) or to the recorded
-    previous release, restart, and wait for health. Nothing is reinstalled."""
+                  break_lock: bool = False, check: bool = False) -> RollbackResult:
+    """Switch ``current`` to ``to`` (a release id, the same on every host) or to the release before
+    it in the host's switch history that was never rejected, restart, and wait for health. Nothing is
+    reinstalled. Idempotent, as Capistrano's rollback: a host an operator's rollback already brought
+    back stays where it is (``--to`` goes further back), so re-running a fleet rollback after a partial
+    failure moves only the hosts that did not make it. ``check``: the target, nothing switched."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
         state = session.call("release_host", {"op": "state", **layout.params()})
+        current = state.get("current")
+        if to is None and state.get("rolled_back_from"):
+            return RollbackResult(session.name, "unchanged", current, current or "-", broke_lock=broke,
+                                  note=f"already rolled back from {state['rolled_back_from']} to {current}; "
+                                       "--to RELEASE_ID goes further back")
         target = to or state.get("previous")
         known = [r["id"] for r in state["releases"]]
         if not target:
-            raise ReleaseRefused(session.name, "no previous release recorded: nothing to roll back to")
+            raise ReleaseRefused(session.name, "no earlier release to roll back to (none on the host that was "
+                                               "not itself rolled back from)")
         if target not in known:
             raise ReleaseRefused(session.name, f"release {target} is not on this host "
                                                f"(has: {', '.join(known) or 'none'})")
-        if target == state.get("current"):
+        if target == current:
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
+        if check:
+            return RollbackResult(session.name, "planned", current, target, broke_lock=broke)
         before, names = instances.names_of(state.get("service")), servers.names_in(state, target)
         # every instance of the target restarted, in order, in the one sequence of the switch
         failed = servers.switch_over(session, layout, target, "rollback", holder,
-                                     [n for n in before if n not in names], names)
-        if failed and state.get("current"):  # not serving the target: back where it was, as deploy does
-            servers.switch_over(session, layout, state["current"], f"restart failed for {target}", holder,
-                                [n for n in names if n not in before], before)
-            raise HostError(session.name, f"restart failed: {failed}; switched back to {state['current']}")
+                                     [n for n in before if n not in names], names, kind="rollback")
+        if failed and current:  # not serving the target: back where it was, as deploy does
+            servers.switch_over(session, layout, current, f"restart failed for {target}", holder,
+                                [n for n in names if n not in before], before, kind="revert")
+            raise HostError(session.name, f"restart failed: {failed}; switched back to {current}")
         gates = servers.healthy_all(session, layout, names, timeout)
-        return RollbackResult(session.name, "rolled-back", state.get("current"), target, gates, broke_lock=broke)
+        return RollbackResult(session.name, "rolled-back", current, target, gates, broke_lock=broke)
 
 
 @dataclass

@@ -18,19 +18,21 @@ from fleetctl.release.spec import Health
 from fleetctl.transport.base import HostSession, Step
 
 
-def switch_params(layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any]) -> dict[str, Any]:
-    return {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason,
+def switch_params(layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any],
+                  kind: str = "deploy") -> dict[str, Any]:
+    return {"op": "switch", **layout.params(), "release_id": release_id, "reason": reason, "kind": kind,
             "who": f"{holder['user']}@{holder['controller']}"}
 
 
 def switch_over(session: HostSession, layout: HostLayout, release_id: str, reason: str, holder: dict[str, Any],
-                gone: list[str | None], restart: list[str | None]) -> str | None:
+                gone: list[str | None], restart: list[str | None], kind: str = "deploy") -> str | None:
     """Switch ``current``, stop the servers ``gone`` (the old release's, that this one does not run)
     and restart ``restart`` in order, as one sequence the host finishes even if the controller dies
     meanwhile: a killed run never leaves ``current`` moved while the old server still serves. The
     failed restart (``instance: why``, the host's line), or None; a failed switch or stop raises,
-    as its own call would."""
-    steps = [Step("release_host", switch_params(layout, release_id, reason, holder)),
+    as its own call would. ``kind``: deploy, rollback or revert (the host's history: the release a
+    rollback or a revert leaves is rejected as a rollback target)."""
+    steps = [Step("release_host", switch_params(layout, release_id, reason, holder, kind)),
              *(Step("service_host", control(layout, "stop", name)) for name in gone),
              *(Step("service_host", control(layout, "restart", name)) for name in restart)]
     done = session.sequence(steps)

@@ -2,6 +2,7 @@
 # fleetctl-include: host_files
 # fleetctl-include: writable
 # fleetctl-include: release_bases
+# fleetctl-include: release_switch
 """Release folders on one host: inspect, build, switch atomically, prune; and the per-host lock.
 
 Stdlib only, Python >= 3.8; runs inside the agent (root privileges of the SSH user).
@@ -10,7 +11,7 @@ Layout (ROOT defaults to /opt/fleetctl, STATE to /var/lib/fleetctl):
   ROOT/releases/<id>/manifest.json  release id, spec digest, sha256 of every patched or added file
   ROOT/releases/<id>/service.env    the service environment (mode 0600)
   ROOT/current -> releases/<id>     switched by renaming a new symlink over the old one
-  STATE/state.json                  current, previous and the history of switches
+  STATE/state.json                  current, the history of switches, releases rejected or passed
   STATE/deploy.lock                 flock held by the agent of the run that deploys (dies with it)
 A release folder is built under a temporary name and renamed into place when complete, so a
 folder named like a release is always whole. Patched files are new files renamed into place:
@@ -259,8 +260,9 @@ def op_state(params):
     releases.sort(key=lambda r: r.get("created") or 0)
     service = read_json(os.path.join(root, "current", "service.json")) or {}
     service.pop("unit", None)
-    return {"current": current_id(root), "previous": state.get("previous"), "history": state.get("history", [])[-20:],
-            "releases": releases, "hostname": socket.gethostname(), "service": service}
+    current = current_id(root)
+    return dict(history_view(state, current, {r["id"] for r in releases}), current=current, releases=releases,
+                hostname=socket.gethostname(), service=service)
 
 
 # --- build --------------------------------------------------------------------------------------
@@ -393,62 +395,6 @@ def relocate_clone(venv, old_prefix, new_prefix):
     return len(changed)
 
 
-# --- switch and prune ---------------------------------------------------------------------------
-
-def op_switch(params):
-    """Point ROOT/current at the release atomically and record the switch in state.json."""
-    root, target_id = params["root"], params["release_id"]
-    if read_json(os.path.join(releases_dir(params), target_id, "manifest.json")) is None:
-        raise RuntimeError("release %s is not on this host (or incomplete)" % target_id)
-    before = current_id(root)
-    state_path = os.path.join(params["state_dir"], "state.json")
-    state = read_json(state_path) or {}
-    history = state.get("history", [])
-    history.append({"time": time.time(), "from": before, "to": target_id, "reason": params.get("reason", ""),
-                    "who": params.get("who", "")})
-    previous = before if before != target_id else state.get("previous")
-    # state.json is written whole before the link moves and renamed over the old one after it: a
-    # full state folder refuses the switch with nothing switched; the link and state.json never
-    # disagree (a host is never half-switched).
-    os.makedirs(params["state_dir"], exist_ok=True)
-    data = json.dumps({"current": target_id, "previous": previous, "history": history[-200:]}, indent=1,
-                      sort_keys=True).encode("utf-8")
-    try:
-        staged = write_temp(state_path, data, 0o644)
-    except BaseException as exc:
-        if disk_full(exc):
-            raise DiskFull(full_message(state_path, "nothing switched, %s is still current" % (before or "no release")))
-        raise
-    link = os.path.join(root, ".current.tmp-%d" % os.getpid())
-    try:
-        discard(link)
-        os.symlink(os.path.join("releases", target_id), link)
-        os.rename(link, os.path.join(root, "current"))  # rename(2) over the old link: atomic
-    except BaseException as exc:
-        discard(link)
-        discard(staged)
-        if disk_full(exc):
-            raise DiskFull(full_message(os.path.join(root, "current"), "nothing switched, %s is still current"
-                                        % (before or "no release")))
-        raise
-    os.replace(staged, state_path)
-    return {"from": before, "to": target_id, "previous": previous}
-
-
-def op_prune(params):
-    """Keep the newest ``keep`` releases; never remove current or previous. A base venv built from a
-    lock goes with the last release that used it."""
-    state = op_state(params)
-    protect = set(filter(None, [state["current"], state["previous"]] + list(params.get("protect") or [])))
-    ids = [r["id"] for r in state["releases"]]
-    removed = []
-    for rid in ids[: max(0, len(ids) - int(params.get("keep", 3)))]:
-        if rid not in protect:
-            shutil.rmtree(os.path.join(releases_dir(params), rid))
-            removed.append(rid)
-    return {"removed": removed, "bases_removed": unused_bases_removed(params["root"]) if removed else []}
-
-
 def op_files(params):
     """sha256 of every file under a folder (tests and check mode compare before/after)."""
     out = {}
@@ -463,4 +409,5 @@ def op_files(params):
 
 
 OPS = {"lock": op_lock, "unlock": op_unlock, "inspect": op_inspect, "state": op_state, "build": op_build,
-       "switch": op_switch, "prune": op_prune, "files": op_files}
+       "switch": op_switch, "verdict": op_verdict, "prune": op_prune, "files": op_files,
+       "config": op_config}

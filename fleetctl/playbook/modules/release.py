@@ -101,10 +101,12 @@ def _load(mc: ModuleContext, spec_path: str) -> tuple[Any, Any]:
 def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
     from fleetctl.release.manage import rollback_host
 
-    if mc.check:
-        current = current_release(mc.session)
-        return TaskResult(changed=current != args.to if args.to else True,
-                          msg=f"would roll back from {current} to {args.to or 'the previous release'}")
+    if mc.check:  # the host's own answer: the release it would go back to, or why it stays
+        plan = rollback_host(mc.session, args.to, args.timeout, mc.run.holder, check=True)
+        if plan.outcome != "planned":
+            return TaskResult(msg=plan.note or f"{plan.to_id} already current", release=plan.to_id)
+        return TaskResult(changed=True, msg=f"would roll back from {plan.from_id} to {plan.to_id}",
+                          release=plan.to_id)
     out = rollback_host(mc.session, args.to, args.timeout, mc.run.holder)
     data = out.to_dict()
     if not out.ok:
@@ -112,4 +114,4 @@ def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
                           msg="rolled back but: " + "; ".join(f"{g.name}: {g.detail}" for g in out.gates if not g.ok))
     changed = out.outcome == "rolled-back"
     return TaskResult(changed=changed, data=data, release=out.to_id,
-                      msg=f"{out.from_id} -> {out.to_id}" if changed else f"{out.to_id} already current")
+                      msg=f"{out.from_id} -> {out.to_id}" if changed else out.note or f"{out.to_id} already current")
