@@ -2,7 +2,8 @@
 
 Ansible's connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``,
 ``ansible_ssh_private_key_file``, ``ansible_password``, ``ansible_python_interpreter``,
-``ansible_connection``, ``ansible_timeout``, a bastion in ``ansible_ssh_common_args``, the
+``ansible_connection``, ``ansible_timeout``, a bastion and keepalives in ``ansible_ssh_common_args``
+(its other options are reported when connecting: ``transport/ssh_options.py``), the
 ``ansible_become*`` variables) plus fleetctl's ``jump_host``, ``fleetctl_known_hosts`` and
 ``venv``. What is not set here stays ``None``: ssh_config and the CLI fill it in later
 (``transport/target.py``). Any other ``ansible_*`` variable is refused (``unknown_ansible_var``),
@@ -12,13 +13,15 @@ so none is silently ignored.
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fleetctl.errors import InventoryError
+from fleetctl.transport import ssh_options
+
+T = TypeVar("T")
 
 _CONNECTIONS: dict[str, Literal["ssh", "local"]] = {
     "ssh": "ssh", "smart": "ssh", "paramiko": "ssh", "paramiko_ssh": "ssh", "local": "local"
@@ -45,6 +48,9 @@ class ConnectionSpec:
     become: bool | None = None  # None: not set in the inventory (the CLI or the play decides)
     become_user: str | None = None
     become_password: str | None = field(default=None, repr=False)
+    alive_interval: float | None = None  # ServerAliveInterval from the ssh args (None: ssh_config's or the default)
+    alive_count_max: int | None = None
+    ignored_ssh_args: tuple[tuple[str, str], ...] = ()  # (option as written, var): reported when connecting
 
 
 # Every ansible_* variable fleetctl reads; any other one is an input error, never ignored.
@@ -101,7 +107,7 @@ def _parse_connection(base: Path, host: str, v: Mapping[str, Any]) -> Connection
     if method != "sudo":
         raise _BadVar(f"ansible_become_method '{method}' is not supported (fleetctl becomes with sudo)")
     port_var = "ansible_port" if "ansible_port" in v else "ansible_ssh_port"
-    jump, proxy_command = _jump(v)
+    ssh = _ssh_vars(v)
     return ConnectionSpec(
         kind=_CONNECTIONS[kind_name],
         hostname=hostname,
@@ -109,11 +115,14 @@ def _parse_connection(base: Path, host: str, v: Mapping[str, Any]) -> Connection
         user=_text(v, "ansible_user") or _text(v, "ansible_ssh_user"),
         key_file=_path(v, "ansible_ssh_private_key_file", base) or _path(v, "ansible_private_key_file", base),
         python=_text(v, "ansible_python_interpreter"),
-        jump=jump,
+        jump=ssh.jump,
         known_hosts=_path(v, "fleetctl_known_hosts", base),
         connect_timeout=_timeout(v),
         venv=_text(v, "venv"),
-        proxy_command=proxy_command,
+        proxy_command=ssh.proxy_command,
+        alive_interval=ssh.alive_interval,
+        alive_count_max=ssh.alive_count_max,
+        ignored_ssh_args=ssh.ignored,
         password=_first(v, "ansible_password", "ansible_ssh_pass", "ansible_ssh_password"),
         key_passphrase=_text(v, "ansible_ssh_private_key_passphrase"),
         become=_flag(v, "ansible_become"),
@@ -178,45 +187,39 @@ def _timeout(v: Mapping[str, Any]) -> float:
     return seconds
 
 
-def _jump(v: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(jump hosts, proxy command): var jump_host, else -J / ProxyJump / ProxyCommand in the ssh args."""
-    if v.get("jump_host") is not None:
-        return _check_jump(_text(v, "jump_host") or "", "jump_host"), None
+@dataclass(frozen=True)
+class _SSHVars:
+    jump: str | None = None
+    proxy_command: str | None = None
+    alive_interval: float | None = None
+    alive_count_max: int | None = None
+    ignored: tuple[tuple[str, str], ...] = ()
+
+
+def _ssh_vars(v: Mapping[str, Any]) -> _SSHVars:
+    """Var jump_host, else -J / ProxyJump / ProxyCommand in the ssh args; keepalives from the args
+    (common args first: OpenSSH takes an option's first value); the options fleetctl leaves out."""
+    found = _SSHVars()
     for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        args = _text(v, var)
-        kind, found = _jump_in_args(args, var) if args else (None, None)
-        if kind == "jump" and found:
-            return _check_jump(found, var), None
-        if kind == "command" and found:
-            return None, found
-    return None, None
-
-
-def _jump_in_args(args: str, var: str) -> tuple[str | None, str | None]:
-    try:
-        tokens = shlex.split(args)
-    except ValueError as exc:
-        raise _BadVar(f"{var} cannot be split like a shell line: {exc}") from None
-    for i, token in enumerate(tokens):
-        if token.startswith("-J"):
-            return "jump", token[2:] or _next(tokens, i, var)
-        if not token.startswith("-o"):
+        text = _text(v, var)
+        if not text:
             continue
-        option = token[2:] or _next(tokens, i, var)
-        key, sep, value = option.partition("=")
-        if not sep:
-            key, _, value = option.partition(" ")
-        if key.strip().lower() in ("proxyjump", "proxycommand"):
-            kind = "jump" if key.strip().lower() == "proxyjump" else "command"
-            value = value.strip() or _next(tokens, i + (0 if token[2:] else 1), var)
-            return (None, None) if value.lower() == "none" else (kind, value)
-    return None, None
+        try:
+            args = ssh_options.parse_ssh_args(text, var)
+        except ValueError as exc:
+            raise _BadVar(str(exc)) from None
+        if not (found.jump or found.proxy_command) and (args.jump or args.proxy_command):
+            found = replace(found, jump=args.jump and _check_jump(args.jump, var), proxy_command=args.proxy_command)
+        found = replace(found, alive_interval=_first_set(found.alive_interval, args.alive_interval),
+                        alive_count_max=_first_set(found.alive_count_max, args.alive_count_max),
+                        ignored=found.ignored + tuple((option, var) for option in args.ignored))
+    if v.get("jump_host") is not None:
+        found = replace(found, jump=_check_jump(_text(v, "jump_host") or "", "jump_host"), proxy_command=None)
+    return found
 
 
-def _next(tokens: Sequence[str], i: int, var: str) -> str:
-    if i + 1 >= len(tokens):
-        raise _BadVar(f"{var}: '{tokens[i]}' needs a value")
-    return tokens[i + 1]
+def _first_set(first: T | None, second: T | None) -> T | None:
+    return first if first is not None else second
 
 
 def check_jump(jump: str, where: str) -> str:

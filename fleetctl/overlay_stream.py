@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetctl import hostpaths
+from fleetctl.connection import ConnectionSpec
 from fleetctl.errors import HostError
 from fleetctl.overlay_plan import HostPlan, OverlayRequest, SourceListing
+from fleetctl.transport import ssh_options
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostSession, Stream
 from fleetctl.transport.fleet import HostContext
-from fleetctl.transport.openssh import bulk_stream  # the file stream: OpenSSH moves the bytes
+from fleetctl.transport.openssh import bulk_stream, keepalive_options  # the file stream: OpenSSH moves the bytes
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 BEGIN, END = b"@@FLEETCTL-JSON-BEGIN@@", b"@@FLEETCTL-JSON-END@@"
@@ -67,7 +69,8 @@ def direct_argv(source: HostContext, target: HostContext, command: str) -> list[
     if spec.kind != "ssh":
         raise HostError(target.name, f"--direct: {source.name} is not reached over ssh (connection {spec.kind})")
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout))}"]
+            "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout))}",
+            *keepalive_options(*alive_settings(spec))]
     key = target.vars.get(DIRECT_KEY_VAR)
     if key is not None:
         if not isinstance(key, str) or not key:
@@ -77,6 +80,14 @@ def direct_argv(source: HostContext, target: HostContext, command: str) -> list[
         argv += ["-J", spec.jump]
     argv += ["-p", str(spec.port), "--", f"{spec.user}@{spec.hostname}" if spec.user else spec.hostname, command]
     return argv
+
+
+def alive_settings(spec: ConnectionSpec) -> tuple[float, int]:
+    """The source's keepalives from its inventory ssh args, else the defaults (the target's own ssh
+    reads its own ssh_config after these)."""
+    interval = spec.alive_interval if spec.alive_interval is not None else ssh_options.DEFAULT_ALIVE_INTERVAL
+    count = spec.alive_count_max if spec.alive_count_max is not None else ssh_options.DEFAULT_ALIVE_COUNT_MAX
+    return interval, count
 
 
 def direct_failure(host: str, source: str, why: str) -> str:

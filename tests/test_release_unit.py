@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import InputError
-from fleetctl.release.service import HostLayout, command, env_file, layout_for, systemd_quote, unit
+from fleetctl.release.service import TEMPLATES, HostLayout, command, env_file, layout_for, systemd_quote, unit
 from fleetctl.release.spec import load_spec
 
 RELEASES = Path(__file__).resolve().parents[1] / "playbooks" / "releases"
@@ -81,7 +81,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 def test_unit_template_is_strict(tmp_path: Path) -> None:
     from jinja2 import Environment, StrictUndefined, UndefinedError
 
-    src = (Path(__file__).resolve().parents[1] / "templates" / "sglang.service.j2").read_text()
+    src = (TEMPLATES / "sglang.service.j2").read_text()
     with pytest.raises(UndefinedError):
         Environment(undefined=StrictUndefined).from_string(src).render()
     assert textwrap.dedent(src).startswith("# Rendered by fleetctl")

@@ -16,7 +16,7 @@ from fleetctl.errors import InputError
 from fleetctl.release.instances import ServerInstance, merge_args
 from fleetctl.release.spec import ReleaseSpec
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data: the wheel carries it
 STANDIN = Path(__file__).resolve().parents[1] / "lab" / "fake_sglang.py"
 STANDIN_NAME = "sglang_standin.py"
 SUPERVISOR = Path(__file__).resolve().parents[1] / "remote" / "supervisor.py"

@@ -7,7 +7,8 @@ costs the controller more CPU than the copy itself (bench/full_env.md). The same
 The connection is the one fleetctl makes with paramiko, spelled for OpenSSH: the resolved
 hostname, port, user, key files, ssh-agent choice, ProxyCommand, and each jump host as a
 ``ProxyCommand`` of its own ``ssh -W`` (every hop's key checked against fleetctl's known_hosts,
-``StrictHostKeyChecking=yes``, never the user's files or ~/.ssh/config: ``-F /dev/null``);
+``StrictHostKeyChecking=yes``, never the user's files or ~/.ssh/config: ``-F /dev/null``), the
+target's keepalives (ServerAliveInterval, ServerAliveCountMax);
 ``BatchMode`` (no prompt, ever); become through the same sudo wrapper and handshake. Where OpenSSH
 cannot make that connection unattended (a login password, a key passphrase held by fleetctl)
 ``bulk_stream`` uses the connector's own paramiko stream. ``FLEETCTL_BULK_SSH=paramiko`` forces that.
@@ -51,6 +52,7 @@ def ssh_argv(target: SSHTarget, command: str | None = None, forward: str | None 
             "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no", "-o", "LogLevel=ERROR",
             "-o", f"ConnectTimeout={max(1, math.ceil(target.connect_timeout))}",
             "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes", "-o", f"Ciphers={CIPHERS}",
+            *keepalive_options(target.alive_interval, target.alive_count_max),
             "-p", str(target.port), "-l", target.user]
     for key in target.key_files:
         argv += ["-i", key]
@@ -73,6 +75,11 @@ def ssh_argv(target: SSHTarget, command: str | None = None, forward: str | None 
     if command is not None:
         argv.append(become.wrap(command, target.become) if target.become is not None else command)
     return argv
+
+
+def keepalive_options(interval: float, count_max: int) -> list[str]:
+    """ServerAliveInterval (whole seconds, as ssh takes it; 0: none) and ServerAliveCountMax."""
+    return ["-o", f"ServerAliveInterval={math.ceil(interval)}", "-o", f"ServerAliveCountMax={count_max}"]
 
 
 class OpenSSHStream(PipeStream):

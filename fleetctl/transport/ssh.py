@@ -230,6 +230,10 @@ class SSHConnector:
         where = f"{role}{target.hostname}:{target.port}"
         try:
             conn.open()
+            # ServerAliveInterval: a quiet channel (a build, a gate, an hour-long copy) still sends
+            # every interval, so NAT and bastion idle timeouts never cut it. paramiko's keepalive asks
+            # no answer: ServerAliveCountMax applies to the ssh processes only (transport/openssh.py).
+            conn.client.get_transport().set_keepalive(target.alive_interval)
             key = conn.client.get_transport().get_remote_server_key()
             if key.get_base64() in conn.fleetctl_revoked:
                 conn.close()

@@ -20,17 +20,18 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.connection import check_jump
 from fleetctl.errors import InputError
-from fleetctl.transport import hostkeys, ssh_config
+from fleetctl.transport import hostkeys, ssh_config, ssh_options
 
 if TYPE_CHECKING:
     from fleetctl.connection import ConnectionSpec
     from fleetctl.inventory import Inventory
 
 MAX_HOPS = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class SSHTarget:
     proxy_command: str | None = None
     jump: SSHTarget | None = None
     become: Become | None = None
+    alive_interval: float = ssh_options.DEFAULT_ALIVE_INTERVAL  # keepalive after this many idle seconds (0: none)
+    alive_count_max: int = ssh_options.DEFAULT_ALIVE_COUNT_MAX  # unanswered keepalives before ssh gives up
 
     @property
     def key_file(self) -> str | None:
@@ -97,6 +100,10 @@ def resolve_target(
 ) -> SSHTarget:
     """The host's SSH target; an unusable ssh_config or jump chain is an ``InputError`` naming it."""
     return _Resolver(inventory, options, connect_timeout, config).target(spec, become)
+
+
+def _first(*values: T | None) -> T:
+    return next(v for v in values if v is not None)
 
 
 class _Resolver:
@@ -127,7 +134,10 @@ class _Resolver:
             password=spec.password,
             passphrase=spec.key_passphrase,
             become=become,
+            alive_interval=_first(spec.alive_interval, found.alive_interval, ssh_options.DEFAULT_ALIVE_INTERVAL),
+            alive_count_max=_first(spec.alive_count_max, found.alive_count_max, ssh_options.DEFAULT_ALIVE_COUNT_MAX),
         )
+        self.report_ignored(spec, found, target.known_hosts)
         if via is not None:  # a later hop of an explicit chain: reached through the one before
             return replace(target, jump=via)
         if spec.proxy_command or (found.proxy_command and not spec.jump):
@@ -137,6 +147,15 @@ class _Resolver:
             where = "jump_host" if spec.jump else f"ProxyJump in {found.source}"
             return replace(target, jump=self.chain(chain, spec, where, depth))
         return target
+
+    def report_ignored(self, spec: ConnectionSpec, found: ssh_config.SSHConfigEntry, known_hosts: Path) -> None:
+        """Options this connection leaves out (inventory ssh args, ssh_config keywords): once per run."""
+        options = [*spec.ignored_ssh_args, *found.ignored]
+        if ssh_options.unreported(options):
+            ssh_options.report_ignored(options, self.host_name(spec), known_hosts)
+
+    def host_name(self, spec: ConnectionSpec) -> str:
+        return next((name for name, h in self.inventory.hosts.items() if h.connection is spec), spec.hostname)
 
     def chain(self, chain: str, spec: ConnectionSpec, where: str, depth: int) -> SSHTarget:
         """The last hop of ``a,b,...``: ``a`` with its own settings, each later hop through the one before."""
