@@ -46,8 +46,9 @@ class Interrupted(Exception):
 def parse_item(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, flat: list[Task],
                inherited: dict[str, Any] | None) -> Item:
     """A task, or a block of tasks; every task is appended to ``flat`` (the play's tasks, in order)."""
-    from fleetctl.playbook import handlers, includes
+    from fleetctl.playbook import fqcn, handlers, includes
 
+    raw = fqcn.normalize(doc, at, raw)
     if isinstance(raw, dict) and ("include_tasks" in raw or "import_tasks" in raw):
         return includes.parse_include(doc, at, raw, flat, inherited)
     if isinstance(raw, dict) and "meta" in raw:

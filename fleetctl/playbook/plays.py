@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
-from fleetctl.playbook import blocks, handlers, roles
+from fleetctl.playbook import blocks, fqcn, handlers, roles
 from fleetctl.playbook.modules import MODULES
 from fleetctl.playbook.schema import Play, PlayModel, Task, TaskOptions
-from fleetctl.playbook.templating import is_template
+from fleetctl.templating import is_template
 
 if TYPE_CHECKING:
     import hashlib
@@ -42,6 +42,7 @@ def load_plays(path: Path, vault: Vault | None, digest: hashlib._Hash, depth: in
         raise doc.error((), "a playbook is a non-empty list of plays")
     out: list[Play] = []
     for i, raw in enumerate(doc.data):
+        raw = fqcn.normalize(doc, (i,), raw)
         if isinstance(raw, dict) and "import_playbook" in raw:
             out += _imported(doc, i, raw, vault, digest, depth, (*seen, path.resolve()))
             continue

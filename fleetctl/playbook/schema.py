@@ -20,9 +20,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetctl import yamlfile
+from fleetctl.playbook import fqcn
 from fleetctl.playbook.approval import Approval
 from fleetctl.playbook.modules import MODULES, Module
-from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
+from fleetctl.templating import TemplateProblem, check_expression, check_syntax, is_template
 from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
@@ -267,6 +268,7 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
                inherited: dict[str, Any] | None = None) -> Task:
     """One task at ``at``; ``inherited``: its blocks' options (when, tags, become, delegate_to...)."""
     i, j = at[0], at[-1]
+    raw = fqcn.normalize(doc, at, raw)
     raw = _local_action(doc, at, raw)
     raw = _merge_args(doc, at, raw)
     if not isinstance(raw, dict):
