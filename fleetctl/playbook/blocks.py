@@ -66,7 +66,8 @@ def parse_item(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, flat: list[
     own = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k not in ("block", "rescue", "always")},
                                TaskOptions, "block")
     options = inherit(own, inherited) if inherited else own
-    passed = options.model_dump(include={"when", "tags", "become", "become_user", "delegate_to", "run_once"})
+    passed = options.model_dump(include={"when", "tags", "become", "become_user", "delegate_to", "run_once",
+                                         "check_mode"})
     out = Block(options.name or f"block at line {doc.line_of(at)}", doc.line_of(at))
     for part in ("block", "rescue", "always"):
         items = raw.get(part) or []

@@ -95,6 +95,9 @@ def build_play(doc: yamlfile.YamlDoc, i: int, model: PlayModel, vault: Vault | N
     play_handlers += handlers.parse_handlers(doc, (i, "handlers"), model.handlers, flat)
     handlers.check_notified(flat, play_handlers, doc)
     handlers.attach(body, play_handlers)
+    for task in flat:  # the play's tags are every task's (facts gathering is Ansible's `always`)
+        own = ["always"] if task.module.name == "facts" and task.name == "Gathering Facts" else task.options.tags
+        task.options = task.options.model_copy(update={"tags": [*model.tags, *own]})
     play = Play(i, model, flat, doc.line_of((i,)), body, play_handlers, defaults, more_vars)
     # Tasks run around a rollback (drain, undrain: playbook/releases.py), not in the play's body.
     play.rollback_hooks = {part: _items(doc, (i, part), getattr(model, part), flat)

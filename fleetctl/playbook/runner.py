@@ -34,6 +34,7 @@ from fleetctl.playbook import (
     outcome,
     releases,
     rollout,
+    tags,
 )
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
@@ -270,10 +271,7 @@ class Runner:
                 if task.name != self._start_at:
                     return False
                 self._start_at = None
-            tags = set(task.options.tags)
-            if self.options.tags and not (tags & self.options.tags or "always" in tags):
-                return False
-            return not tags & self.options.skip_tags
+            return tags.selected(task.options.tags, self.options.tags, self.options.skip_tags)
 
         return blocks.select(play.body, keep)
 
@@ -450,7 +448,8 @@ class Runner:
         except ValidationError as exc:
             doc = yamlfile.YamlDoc(task.source or self.playbook.path, raw, start_line=task.line)
             raise yamlfile.first_error(doc, (), exc, prefix=f"{task.module.name}.") from None
-        mc = ModuleContext(ctx, variables, self.options.check, self.options.diff, self.playbook.path.parent,
+        check = self.options.check if task.options.check_mode is None else task.options.check_mode
+        mc = ModuleContext(ctx, variables, check, self.options.diff, self.playbook.path.parent,
                            self.services, env, task.role_dir)
         return outcome.apply(task, variables, task.module.fn(mc, args), where)
 
