@@ -115,3 +115,50 @@ def test_a_variable_loop_fails_the_task_naming_the_variable(inv: Path, tmp_path:
     assert r.rc == 2
     assert r.json()["results"]["one"][0]["msg"] == (f"{path}:4: debug: variable 'a' refers back to itself "
                                                     "(a -> b -> a)")
+
+
+def test_stat_reports_ansibles_keys(inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "f").write_text("abc")
+    (tmp_path / "f").chmod(0o640)
+    (tmp_path / "l").symlink_to(tmp_path / "f")
+    path = book(tmp_path, [{"name": "p", "hosts": "web", "tasks": [
+        {"name": "f", "ansible.builtin.stat": {"path": str(tmp_path / "f")}, "register": "f"},
+        {"name": "l", "stat": {"path": str(tmp_path / "l")}, "register": "l"},
+        {"name": "gone", "stat": {"path": str(tmp_path / "gone")}, "register": "g"},
+        {"name": "d", "stat": {"path": str(tmp_path), "get_checksum": False}, "register": "d"},
+        {"name": "check", "assert": {"that": [
+            "f.stat.exists and f.stat.isreg and not f.stat.isdir and f.stat.size == 3 and f.stat.mode == '0640'",
+            "f.stat.checksum == 'a9993e364706816aba3e25717850c26c9cd0d89d'", "f.stat.uid is number",
+            "f.stat.mtime is number", "l.stat.islnk and l.stat.lnk_source == f.stat.path",
+            "not g.stat.exists", "d.stat.isdir and d.stat.checksum is not defined", "f is not changed"]}},
+    ]}])
+    r = run(capsys, inv, str(path), "--check")
+    assert r.rc == 0, r.out[-3000:]
+
+
+def test_get_url_verifies_the_checksum_and_is_idempotent(inv: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"w" * 4096)
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    def get(checksum: str, **more: Any) -> CliRun:
+        return run(capsys, inv, str(book(tmp_path, [{"name": "p", "hosts": "web", "tasks": [
+            {"name": "get", "ansible.builtin.get_url": {"url": f"file://{src}", "dest": f"{dest}/w.bin",
+                                                        "mode": "0600", "checksum": checksum, **more}}]}])))
+
+    first = get(f"sha256:{sha}")
+    assert first.rc == 0 and first.json()["results"]["one"][0]["status"] == "changed"
+    assert (dest / "w.bin").read_bytes() == src.read_bytes() and (dest / "w.bin").stat().st_mode & 0o777 == 0o600
+    again = get(f"sha256:{sha}")
+    assert again.json()["results"]["one"][0]["status"] == "ok"
+    (dest / "w.bin").write_bytes(b"stale")
+    bad = get("sha256:" + "0" * 64)
+    assert bad.rc == 2 and "did not match" in bad.json()["results"]["one"][0]["msg"]
+    assert (dest / "w.bin").read_bytes() == b"stale" and sorted(p.name for p in dest.iterdir()) == ["w.bin"]
+    assert get(f"sha256:{sha}").json()["results"]["one"][0]["status"] == "changed"
+    assert (dest / "w.bin").read_bytes() == src.read_bytes()

@@ -6,6 +6,7 @@
 #          be) done]}. state None: the path's own kind (it must exist). Never follows a link it
 #          changes; a folder is created with its parents (as `mkdir -p`).
 #   read: {path, max_bytes} -> {exists, kind, size, sha256, data_b64 (None over max_bytes)}.
+#   stat: {path, follow, checksum_algorithm|None} -> Ansible's stat result keys ({exists: false} when absent).
 # Refusals raise FileOpsError: the controller turns its message into the host's one-line failure.
 import base64
 import grp
@@ -161,6 +162,46 @@ def read(params):
     return out
 
 
+def _names(st):
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = None
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = None
+    return owner, group
+
+
+def stat_path(params):
+    path = params["path"]
+    try:
+        st = os.stat(path) if params.get("follow") else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"exists": False}
+    m = st.st_mode
+    owner, group = _names(st)
+    out = {"exists": True, "path": path, "mode": "%04o" % stat_mod.S_IMODE(m), "isdir": stat_mod.S_ISDIR(m),
+           "isreg": stat_mod.S_ISREG(m), "islnk": stat_mod.S_ISLNK(m), "isblk": stat_mod.S_ISBLK(m),
+           "ischr": stat_mod.S_ISCHR(m), "isfifo": stat_mod.S_ISFIFO(m), "issock": stat_mod.S_ISSOCK(m),
+           "size": st.st_size, "uid": st.st_uid, "gid": st.st_gid, "pw_name": owner, "gr_name": group,
+           "mtime": st.st_mtime, "atime": st.st_atime, "ctime": st.st_ctime, "inode": st.st_ino,
+           "dev": st.st_dev, "nlink": st.st_nlink, "readable": os.access(path, os.R_OK),
+           "writeable": os.access(path, os.W_OK), "executable": os.access(path, os.X_OK)}
+    if out["islnk"]:
+        out["lnk_target"] = os.readlink(path)
+        out["lnk_source"] = os.path.realpath(path)
+    algorithm = params.get("checksum_algorithm")
+    if out["isreg"] and algorithm and os.access(path, os.R_OK):
+        digest = hashlib.new(algorithm)
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out["checksum"] = digest.hexdigest()
+    return out
+
+
 def main(params):
     if not os.path.isabs(params.get("path", "")):
         raise FileOpsError("%s is not an absolute path" % params.get("path"))
@@ -172,4 +213,9 @@ def main(params):
             raise FileOpsError("%s: permission denied" % (exc.filename or params["path"]))
     if action == "read":
         return read(params)
+    if action == "stat":
+        try:
+            return stat_path(params)
+        except PermissionError as exc:
+            raise FileOpsError("%s: permission denied" % (exc.filename or params["path"]))
     raise FileOpsError("unknown action %r" % (action,))
