@@ -4,7 +4,7 @@
 #   file: {path, state (file|directory|absent|touch|link|None), mode|None, owner|None, group|None,
 #          src|None (link target), recurse, check} -> {changed, state, actions: [what was (or would
 #          be) done]}. state None: the path's own kind (it must exist). Never follows a link it
-#          changes; a folder is created with its parents (as `mkdir -p`).
+#          changes; a folder is created with its parents, each given the mode/owner/group (Ansible's).
 #   read: {path, max_bytes} -> {exists, kind, size, sha256, data_b64 (None over max_bytes)}.
 #   stat: {path, follow, checksum_algorithm|None} -> Ansible's stat result keys ({exists: false} when absent).
 # Refusals raise FileOpsError: the controller turns its message into the host's one-line failure.
@@ -77,6 +77,19 @@ def _walk(path):
             yield os.path.join(root, name)
 
 
+def _make_dirs(path, mode, uid, gid):
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path.rstrip("/"))
+    for folder in reversed(missing):  # Ansible's file module gives every folder it creates the attributes
+        os.mkdir(folder, 0o755)
+        if mode is not None:
+            os.chmod(folder, mode)
+        if uid != -1 or gid != -1:
+            os.chown(folder, uid, gid)
+
+
 def file_state(params):
     path = params["path"]
     state, mode, check = params.get("state"), params.get("mode"), bool(params.get("check"))
@@ -102,7 +115,7 @@ def file_state(params):
         if kind is None:
             actions.append("created the folder")
             if not check:
-                os.makedirs(path, mode if mode is not None else 0o755)
+                _make_dirs(path, mode, uid, gid)
                 kind, st = _kind(path)
         elif kind != "directory":
             raise FileOpsError("%s is a %s, not a folder" % (path, kind))
