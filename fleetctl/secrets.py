@@ -29,10 +29,25 @@ def vault_values(value: Any) -> list[str]:
 
 
 def secret_names(host_vars: Mapping[str, Any]) -> set[str]:
+    """Listed in ``secret_vars``, secret by nature, vault-decrypted, or a template rendered from a
+    vault value (``hf_token: "{{ vault_hf_token }}"``)."""
     names = host_vars.get("secret_vars") or []
     listed = {str(n) for n in names} if isinstance(names, list | tuple) else {str(names)}
-    vaulted = {k for k, v in host_vars.items() if vault_values(v)}
+    vaulted = {k for k, v in host_vars.items() if vault_values(v) or vault_values(_rendered(host_vars, k))}
     return listed | (SECRET_ANSIBLE_VARS & host_vars.keys()) | vaulted
+
+
+def _rendered(host_vars: Mapping[str, Any], name: str) -> Any:
+    """The variable as templates see it (its templates rendered); as written when it does not render."""
+    from fleetctl import templating
+
+    value = host_vars.get(name)
+    if not templating.has_template(value):
+        return value
+    try:
+        return templating.LazyVars(host_vars)[name]
+    except templating.TemplateProblem:
+        return value
 
 
 def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,7 +58,7 @@ def masked(host_vars: Mapping[str, Any]) -> dict[str, Any]:
 
 def secret_values(host_vars: Mapping[str, Any]) -> list[str]:
     """The values of the host's secret variables, longest first (a secret holding another is masked whole)."""
-    values = {str(host_vars[n]) for n in secret_names(host_vars) if host_vars.get(n) not in (None, "")}
+    values = {str(_rendered(host_vars, n)) for n in secret_names(host_vars) if host_vars.get(n) not in (None, "")}
     values.update(v for value in host_vars.values() for v in vault_values(value) if v)
     return sorted(values, key=lambda v: (-len(v), v))
 

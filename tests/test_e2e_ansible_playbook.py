@@ -7,6 +7,7 @@ mode, size, sha256, link target) and the recap counts (ok/changed/failed/skipped
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -125,5 +126,78 @@ def test_same_playbook_same_end_state_as_ansible_playbook(book: Path, tmp_path: 
                      "./app.conf f 640", "./port-8002.conf f 644", ". d 750"):
             assert made in ansible_files[host], (host, made, ansible_files[host])
     assert ansible_recaps[0]["lab1"]["changed"] > 0 and ansible_recaps[1]["lab1"]["changed"] == 0
+    assert fleet_files == ansible_files
+    assert fleet_recaps == ansible_recaps, json.dumps({"ansible": ansible_recaps, "fleetctl": fleet_recaps})
+
+
+LINTED = Path(__file__).resolve().parent / "fixtures" / "ansible_side_by_side_linted"
+HF_TOKEN = "hf-env-token-5e4d"  # lookup('env', 'FLEETCTL_SBS_HF_TOKEN') in group_vars
+
+
+def _linted_group_vars(lab: LabHandle, weights: Path) -> None:
+    """group_vars/lab.yml beside the lab's inventory, as a linted repo keeps them: values that are
+    templates (one naming another, one a lookup), read by both tools from the same file."""
+    folder = lab.inventory_path.parent / "group_vars"
+    folder.mkdir(exist_ok=True)
+    (folder / "lab.yml").write_text(
+        "app_root: /srv/app\n"
+        "models_root: \"{{ app_root }}/models\"\n"
+        "model_path: \"{{ models_root }}/qwen\"\n"
+        "hf_token: \"{{ lookup('env', 'FLEETCTL_SBS_HF_TOKEN') }}\"\n"
+        f"weights_url: \"file://{weights}\"\n"
+        f"weights_sha256: {hashlib.sha256(weights.read_bytes()).hexdigest()}\n")
+
+
+@pytest.mark.timeout(900)  # two fresh labs and four runs
+def test_linted_role_layout_same_end_state_as_ansible_playbook(tmp_path: Path, ansible_bin: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """FQCNs, templated group_vars (one referencing another, one lookup('env')), stat, get_url with a
+    sha256 checksum (a file:// URL the lab hosts read), play/role tags with --skip-tags and a `never`
+    task, per-task check_mode: the same files and recaps from both tools, each run twice."""
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    book = tmp_path / "linted"
+    shutil.copytree(LINTED, book)
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(bytes(range(256)) * 32)
+    weights.chmod(0o644)
+    monkeypatch.setenv("FLEETCTL_SBS_HF_TOKEN", HF_TOKEN)
+    args = ["--skip-tags", "slow"]
+
+    def with_ansible(lab: LabHandle) -> list[dict[str, dict[str, int]]]:
+        _linted_group_vars(lab, weights)
+        known = f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes " \
+                "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
+        recaps = []
+        for _ in range(2):
+            done = subprocess.run([str(ansible_bin / "ansible-playbook"), "-i", str(lab.inventory_path),
+                                   "--ssh-common-args", known, *args, str(book / "site.yml")], capture_output=True,
+                                  text=True, cwd=lab.dir, env=_ansible_env(tmp_path), timeout=300)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+            recaps.append({m[0]: dict(zip(KEYS, map(int, m[1:]), strict=True)) for m in RECAP.findall(done.stdout)})
+        return recaps
+
+    def with_fleetctl(lab: LabHandle) -> list[dict[str, dict[str, int]]]:
+        _linted_group_vars(lab, weights)
+        recaps = []
+        for _ in range(2):
+            r = run_cli(capsys, "-i", str(lab.inventory_path), "run", str(book / "site.yml"), *args, "--json")
+            assert r.rc == 0, r.out[-3000:] + r.err
+            recaps.append({h: {k: c[k] for k in KEYS} for h, c in r.json()["recap"].items()})
+        return recaps
+
+    ansible_recaps, ansible_files = _fresh_lab(with_ansible)
+    fleet_recaps, fleet_files = _fresh_lab(with_fleetctl)
+    for host in ("lab1", "lab2"):  # what Ansible made, for the record
+        for made in (". d 750", "./models/qwen d 750", "./models/qwen/weights.bin f 640 8192", "./service.env f 600",
+                     "./real f 644", "./stat.txt f 644", "./fetches f", "./stores f"):
+            assert made in ansible_files[host], (host, made, ansible_files[host])
+        for absent in ("./debug-only", "./skipped-by-tag", "./dry-run-only"):
+            assert absent not in ansible_files[host], (host, absent)
+    assert hashlib.sha256(f"HF_TOKEN={HF_TOKEN}\nMODEL=/srv/app/models/qwen\n".encode()).hexdigest() in \
+        ansible_files["lab1"]
+    assert ansible_recaps[1]["lab1"]["changed"] == 1  # the check_mode: true copy still "would change"
     assert fleet_files == ansible_files
     assert fleet_recaps == ansible_recaps, json.dumps({"ansible": ansible_recaps, "fleetctl": fleet_recaps})

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import templating
 from fleetctl.errors import InputError
-from fleetctl.playbook import journal, rollout, templating
+from fleetctl.playbook import journal, rollout
 from fleetctl.playbook.schema import load_playbook
 from fleetctl.secrets import Redactor
 

@@ -1,4 +1,4 @@
-"""Ansible's filters and lookups (playbook/filters.py), lineinfile's edit and systemd's plan: pure."""
+"""Ansible's filters and lookups (templating/filters.py), lineinfile's edit and systemd's plan: pure."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl.playbook import filters
 from fleetctl.playbook.modules.hostfiles import LineInFileArgs, edit_lines
 from fleetctl.playbook.modules.system import SystemdArgs, UnitNow, plan_systemd
-from fleetctl.playbook.templating import TemplateProblem, render
+from fleetctl.templating import TemplateProblem, filters, render
 
 V: dict[str, Any] = {"d": {"a": 1, "b": {"c": 2}, "l": [1]}, "s": "Hello World", "n": None, "items": [
     {"name": "x", "v": 1}, {"name": "y", "v": 2}]}

@@ -46,8 +46,9 @@ class Interrupted(Exception):
 def parse_item(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, flat: list[Task],
                inherited: dict[str, Any] | None) -> Item:
     """A task, or a block of tasks; every task is appended to ``flat`` (the play's tasks, in order)."""
-    from fleetctl.playbook import handlers, includes
+    from fleetctl.playbook import fqcn, handlers, includes
 
+    raw = fqcn.normalize(doc, at, raw)
     if isinstance(raw, dict) and ("include_tasks" in raw or "import_tasks" in raw):
         return includes.parse_include(doc, at, raw, flat, inherited)
     if isinstance(raw, dict) and "meta" in raw:
@@ -65,7 +66,8 @@ def parse_item(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, flat: list[
     own = yamlfile.validate_at(doc, at, {k: v for k, v in raw.items() if k not in ("block", "rescue", "always")},
                                TaskOptions, "block")
     options = inherit(own, inherited) if inherited else own
-    passed = options.model_dump(include={"when", "tags", "become", "become_user", "delegate_to", "run_once"})
+    passed = options.model_dump(include={"when", "tags", "become", "become_user", "delegate_to", "run_once",
+                                         "check_mode"})
     out = Block(options.name or f"block at line {doc.line_of(at)}", doc.line_of(at))
     for part in ("block", "rescue", "always"):
         items = raw.get(part) or []

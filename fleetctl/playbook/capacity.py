@@ -167,7 +167,7 @@ def check_capacity(runner: Runner, ro: Rollout, b: int, hosts: list[str]) -> Non
 
 def release_spec(runner: Runner, play: Play, host: str) -> ReleaseSpec | None:
     """The spec the play's (first) deploying release task names, rendered for ``host``."""
-    from fleetctl.playbook import templating
+    from fleetctl import templating
     from fleetctl.playbook.modules.base import once
     from fleetctl.release.spec import load_spec
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from fleetctl import yamlfile
 from fleetctl.errors import InputError
+from fleetctl.playbook import fqcn
 from fleetctl.playbook.schema import Task, parse_task
 
 FLUSH = "flush_handlers"
@@ -35,6 +36,7 @@ def parse_handlers(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: list[Any], f
     """The ``handlers`` list: plain tasks (``listen`` allowed), no blocks."""
     out = []
     for j, item in enumerate(raw):
+        item = fqcn.normalize(doc, (*at, j), item)
         if isinstance(item, dict) and ("block" in item or "include_tasks" in item or "import_tasks" in item):
             key = next(k for k in ("block", "include_tasks", "import_tasks") if k in item)
             raise doc.error((*at, j, key), f"{key}: not supported in a handler (a handler is one task)")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fleetctl import templating
 from fleetctl.errors import InputError
-from fleetctl.playbook import templating
 from fleetctl.playbook.modules import TaskResult
 from fleetctl.playbook.schema import LoopControl, Task
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetctl import templating
 from fleetctl.errors import InputError
-from fleetctl.playbook import templating
 from fleetctl.playbook.modules import TaskResult
 from fleetctl.playbook.schema import Task
 

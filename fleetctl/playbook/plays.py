@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
-from fleetctl.playbook import blocks, handlers, roles
+from fleetctl.playbook import blocks, fqcn, handlers, roles
 from fleetctl.playbook.modules import MODULES
 from fleetctl.playbook.schema import Play, PlayModel, Task, TaskOptions
-from fleetctl.playbook.templating import is_template
+from fleetctl.templating import is_template
 
 if TYPE_CHECKING:
     import hashlib
@@ -42,6 +42,7 @@ def load_plays(path: Path, vault: Vault | None, digest: hashlib._Hash, depth: in
         raise doc.error((), "a playbook is a non-empty list of plays")
     out: list[Play] = []
     for i, raw in enumerate(doc.data):
+        raw = fqcn.normalize(doc, (i,), raw)
         if isinstance(raw, dict) and "import_playbook" in raw:
             out += _imported(doc, i, raw, vault, digest, depth, (*seen, path.resolve()))
             continue
@@ -94,6 +95,9 @@ def build_play(doc: yamlfile.YamlDoc, i: int, model: PlayModel, vault: Vault | N
     play_handlers += handlers.parse_handlers(doc, (i, "handlers"), model.handlers, flat)
     handlers.check_notified(flat, play_handlers, doc)
     handlers.attach(body, play_handlers)
+    for task in flat:  # the play's tags are every task's (facts gathering is Ansible's `always`)
+        own = ["always"] if task.module.name == "facts" and task.name == "Gathering Facts" else task.options.tags
+        task.options = task.options.model_copy(update={"tags": [*model.tags, *own]})
     play = Play(i, model, flat, doc.line_of((i,)), body, play_handlers, defaults, more_vars)
     # Tasks run around a rollback (drain, undrain: playbook/releases.py), not in the play's body.
     play.rollback_hooks = {part: _items(doc, (i, part), getattr(model, part), flat)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
 from fleetctl.playbook.schema import Task, TaskOptions
-from fleetctl.playbook.templating import is_template
+from fleetctl.templating import is_template
 
 if TYPE_CHECKING:
     from fleetctl.vault import Vault

@@ -22,26 +22,26 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from fleetctl import yamlfile
+from fleetctl import templating, yamlfile
 from fleetctl.errors import FleetError, InputError
 from fleetctl.inventory import Inventory
 from fleetctl.playbook import (
     approval,
     blocks,
     capacity,
-    filters,
     handlers,
     loops,
     outcome,
     releases,
     rollout,
-    templating,
+    tags,
 )
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.interact import Operator
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
 from fleetctl.playbook.schema import Play, Playbook, Task
+from fleetctl.templating import filters
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
 from fleetctl.vault import Vault
@@ -101,8 +101,8 @@ class _HostVars(Mapping[str, Any]):
             host = self._runner.inventory.hosts.get(name)
             if host is None:
                 raise KeyError(name)
-            return dict(host.vars)
-        return {**ctx.vars, **self._runner.registered.get(name, {})}
+            return templating.LazyVars(dict(host.vars))
+        return templating.LazyVars({**ctx.vars, **self._runner.registered.get(name, {})})
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._runner.inventory.hosts)
@@ -271,10 +271,7 @@ class Runner:
                 if task.name != self._start_at:
                     return False
                 self._start_at = None
-            tags = set(task.options.tags)
-            if self.options.tags and not (tags & self.options.tags or "always" in tags):
-                return False
-            return not tags & self.options.skip_tags
+            return tags.selected(task.options.tags, self.options.tags, self.options.skip_tags)
 
         return blocks.select(play.body, keep)
 
@@ -356,10 +353,10 @@ class Runner:
             status, msg = ("changed" if result.changed else "ok"), result.msg
         reg = task.options.register_as
         if reg and status != "unreachable":
-            self.registered[host][reg] = result.as_var() if result else {"failed": True, "changed": False,
-                                                                            "skipped": False, "msg": msg}
-        if result and result.set_vars:
-            self.registered[host].update(result.set_vars)
+            self.registered[host][reg] = templating.unsafe(result.as_var()) if result else {
+                "failed": True, "changed": False, "skipped": False, "msg": msg}
+        if result and result.set_vars:  # what a host answered (facts) is never rendered again, as Ansible
+            self.registered[host].update(templating.unsafe(result.set_vars))
         if status == "changed" and task.options.notify:
             self.notifications.note(host, task, self.playbook.plays[task.play].handlers)
         counter = self.recap[host]
@@ -416,7 +413,7 @@ class Runner:
             result = self.call_module(task, ctx, variables, where)
             if until is None or reg is None:
                 return result
-            variables[reg] = result.as_var()
+            variables[reg] = templating.unsafe(result.as_var())
             try:
                 if templating.truthy(templating.evaluate(until, variables)):
                     return result
@@ -451,7 +448,8 @@ class Runner:
         except ValidationError as exc:
             doc = yamlfile.YamlDoc(task.source or self.playbook.path, raw, start_line=task.line)
             raise yamlfile.first_error(doc, (), exc, prefix=f"{task.module.name}.") from None
-        mc = ModuleContext(ctx, variables, self.options.check, self.options.diff, self.playbook.path.parent,
+        check = self.options.check if task.options.check_mode is None else task.options.check_mode
+        mc = ModuleContext(ctx, variables, check, self.options.diff, self.playbook.path.parent,
                            self.services, env, task.role_dir)
         return outcome.apply(task, variables, task.module.fn(mc, args), where)
 

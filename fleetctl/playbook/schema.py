@@ -20,16 +20,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetctl import yamlfile
+from fleetctl.playbook import fqcn
 from fleetctl.playbook.approval import Approval
 from fleetctl.playbook.modules import MODULES, Module
-from fleetctl.playbook.templating import TemplateProblem, check_expression, check_syntax, is_template
+from fleetctl.templating import TemplateProblem, check_expression, check_syntax, is_template
 from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
              "become_user", "delegate_to", "run_once", "loop", "with_items", "loop_control", "notify",
-             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars")
+             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars", "check_mode")
 BLOCK_KEYS = ("block", "rescue", "always", "name", "when", "tags", "become", "become_user", "delegate_to",
-              "run_once")
+              "run_once", "check_mode")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -55,6 +56,7 @@ class PlayModel(BaseModel):
 
     name: str = ""
     hosts: str
+    tags: list[str] = Field(default_factory=list)  # every task of the play has them too
     vars: dict[str, Any] = Field(default_factory=dict)
     serial: list[int | str] | None = None  # a single step is read as a list of one
     # A host variable naming each host's multi-node group: batches never split a group.
@@ -83,6 +85,11 @@ class PlayModel(BaseModel):
     roles: list[Any] = Field(default_factory=list)
     post_tasks: list[Any] = Field(default_factory=list)
     handlers: list[Any] = Field(default_factory=list)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _one_tag(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @field_validator("vars_files", mode="before")
     @classmethod
@@ -153,6 +160,7 @@ class TaskOptions(BaseModel):
     no_log: bool = False
     environment: dict[str, str | int | float | bool] = Field(default_factory=dict)
     vars: dict[str, Any] = Field(default_factory=dict)  # the task's own variables (above the play's)
+    check_mode: bool | None = None  # true: always a dry run; false: runs for real under --check (Ansible's)
 
     @field_validator("tags", "notify", "listen", mode="before")
     @classmethod
@@ -267,6 +275,7 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
                inherited: dict[str, Any] | None = None) -> Task:
     """One task at ``at``; ``inherited``: its blocks' options (when, tags, become, delegate_to...)."""
     i, j = at[0], at[-1]
+    raw = fqcn.normalize(doc, at, raw)
     raw = _local_action(doc, at, raw)
     raw = _merge_args(doc, at, raw)
     if not isinstance(raw, dict):
@@ -316,7 +325,7 @@ def inherit(options: TaskOptions, parent: dict[str, Any]) -> TaskOptions:
     parent = {k: v for k, v in parent.items() if k != "handler"}
     when = [*_listed(parent.get("when")), *_listed(options.when)]
     update: dict[str, Any] = {"when": when or None, "tags": [*parent.get("tags", []), *options.tags]}
-    for key in ("become", "become_user", "delegate_to"):
+    for key in ("become", "become_user", "delegate_to", "check_mode"):
         if getattr(options, key) is None and parent.get(key) is not None:
             update[key] = parent[key]
     if parent.get("run_once"):

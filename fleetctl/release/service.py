@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetctl import hostpaths
+from fleetctl import hostpaths, templating
 from fleetctl.errors import InputError
 from fleetctl.release.instances import ServerInstance, merge_args
 from fleetctl.release.spec import ReleaseSpec
@@ -43,14 +43,23 @@ class HostLayout:
         return {"root": self.root, "state_dir": self.state_dir}
 
 
-def layout_for(host_vars: dict[str, object]) -> HostLayout:
+def layout_for(host_vars: Mapping[str, object]) -> HostLayout:
     """Host vars ``fleetctl_root``, ``fleetctl_state_dir``, ``service_host``, ``service_port`` and
-    ``service_manager`` (systemd | process; detected on the host when unset)."""
-    port, manager = host_vars.get("service_port"), host_vars.get("service_manager")
+    ``service_manager`` (systemd | process; detected on the host when unset); each may be a template
+    over the host's variables (``service_port: "{{ base_port + 1 }}"``), rendered here."""
+    names = (hostpaths.ROOT_VAR, hostpaths.STATE_VAR, "service_host", "service_port", "service_manager")
+    lazy = templating.LazyVars(host_vars)
+    try:
+        found = {name: lazy.get(name) for name in names}
+    except templating.TemplateProblem as exc:
+        raise InputError(f"host variables: {exc}") from None
+    port, manager = found["service_port"], found["service_manager"]
     if manager not in (None, "systemd", "process"):
         raise InputError(f"service_manager must be systemd or process, got {manager!r}")
-    return HostLayout(hostpaths.root(host_vars), hostpaths.state_dir(host_vars),
-                      str(host_vars["service_host"]) if host_vars.get("service_host") else None,
+    if port and not str(port).strip().isdigit():
+        raise InputError(f"service_port must be a port number, got {port!r}")
+    return HostLayout(hostpaths.root(found), hostpaths.state_dir(found),
+                      str(found["service_host"]) if found["service_host"] else None,
                       int(str(port)) if port else None, str(manager) if manager else None, host_vars)
 
 
@@ -121,14 +130,11 @@ def render_vars(spec: ReleaseSpec, layout: HostLayout) -> Mapping[str, object]:
 
 
 def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
-    if "{{" not in value and "{%" not in value:
-        return value
-    from jinja2 import Environment, StrictUndefined, TemplateError
-
+    """One spec value rendered as playbooks render (fleetctl.templating): the host's variables
+    templated lazily (a group_vars value that is a template is rendered too), ``lookup`` and filters."""
     try:
-        return Environment(undefined=StrictUndefined, autoescape=False).from_string(value).render(
-            dict(host_vars or {}))
-    except TemplateError as exc:
+        return str(templating.render(value, host_vars or {}))
+    except templating.TemplateProblem as exc:
         raise InputError(f"{spec.path}: {key}: {exc}") from None
 
 

@@ -4,8 +4,9 @@
 #   file: {path, state (file|directory|absent|touch|link|None), mode|None, owner|None, group|None,
 #          src|None (link target), recurse, check} -> {changed, state, actions: [what was (or would
 #          be) done]}. state None: the path's own kind (it must exist). Never follows a link it
-#          changes; a folder is created with its parents (as `mkdir -p`).
+#          changes; a folder is created with its parents, each given the mode/owner/group (Ansible's).
 #   read: {path, max_bytes} -> {exists, kind, size, sha256, data_b64 (None over max_bytes)}.
+#   stat: {path, follow, checksum_algorithm|None} -> Ansible's stat result keys ({exists: false} when absent).
 # Refusals raise FileOpsError: the controller turns its message into the host's one-line failure.
 import base64
 import grp
@@ -76,6 +77,19 @@ def _walk(path):
             yield os.path.join(root, name)
 
 
+def _make_dirs(path, mode, uid, gid):
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path.rstrip("/"))
+    for folder in reversed(missing):  # Ansible's file module gives every folder it creates the attributes
+        os.mkdir(folder, 0o755)
+        if mode is not None:
+            os.chmod(folder, mode)
+        if uid != -1 or gid != -1:
+            os.chown(folder, uid, gid)
+
+
 def file_state(params):
     path = params["path"]
     state, mode, check = params.get("state"), params.get("mode"), bool(params.get("check"))
@@ -101,7 +115,7 @@ def file_state(params):
         if kind is None:
             actions.append("created the folder")
             if not check:
-                os.makedirs(path, mode if mode is not None else 0o755)
+                _make_dirs(path, mode, uid, gid)
                 kind, st = _kind(path)
         elif kind != "directory":
             raise FileOpsError("%s is a %s, not a folder" % (path, kind))
@@ -161,6 +175,46 @@ def read(params):
     return out
 
 
+def _names(st):
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = None
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = None
+    return owner, group
+
+
+def stat_path(params):
+    path = params["path"]
+    try:
+        st = os.stat(path) if params.get("follow") else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"exists": False}
+    m = st.st_mode
+    owner, group = _names(st)
+    out = {"exists": True, "path": path, "mode": "%04o" % stat_mod.S_IMODE(m), "isdir": stat_mod.S_ISDIR(m),
+           "isreg": stat_mod.S_ISREG(m), "islnk": stat_mod.S_ISLNK(m), "isblk": stat_mod.S_ISBLK(m),
+           "ischr": stat_mod.S_ISCHR(m), "isfifo": stat_mod.S_ISFIFO(m), "issock": stat_mod.S_ISSOCK(m),
+           "size": st.st_size, "uid": st.st_uid, "gid": st.st_gid, "pw_name": owner, "gr_name": group,
+           "mtime": st.st_mtime, "atime": st.st_atime, "ctime": st.st_ctime, "inode": st.st_ino,
+           "dev": st.st_dev, "nlink": st.st_nlink, "readable": os.access(path, os.R_OK),
+           "writeable": os.access(path, os.W_OK), "executable": os.access(path, os.X_OK)}
+    if out["islnk"]:
+        out["lnk_target"] = os.readlink(path)
+        out["lnk_source"] = os.path.realpath(path)
+    algorithm = params.get("checksum_algorithm")
+    if out["isreg"] and algorithm and os.access(path, os.R_OK):
+        digest = hashlib.new(algorithm)
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        out["checksum"] = digest.hexdigest()
+    return out
+
+
 def main(params):
     if not os.path.isabs(params.get("path", "")):
         raise FileOpsError("%s is not an absolute path" % params.get("path"))
@@ -172,4 +226,9 @@ def main(params):
             raise FileOpsError("%s: permission denied" % (exc.filename or params["path"]))
     if action == "read":
         return read(params)
+    if action == "stat":
+        try:
+            return stat_path(params)
+        except PermissionError as exc:
+            raise FileOpsError("%s: permission denied" % (exc.filename or params["path"]))
     raise FileOpsError("unknown action %r" % (action,))

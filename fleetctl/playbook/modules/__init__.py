@@ -6,6 +6,7 @@ from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the
     files,
     gpu_health,
     hostfiles,
+    hostget,
     kernels,
     net,
     pause,

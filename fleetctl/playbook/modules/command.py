@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fleetctl.errors import InputError
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
-from fleetctl.playbook.templating import truthy
+from fleetctl.templating import truthy
 
 OUTPUT_KEEP = 64 * 1024  # what a registered result keeps of stdout/stderr (the tail)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

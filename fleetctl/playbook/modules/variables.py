@@ -52,7 +52,7 @@ def _shown(value: Any) -> str:
 def debug(mc: ModuleContext, args: DebugArgs) -> TaskResult:
     """Show ``msg`` (default "Hello world!") or ``var`` (a variable or expression) and its value."""
     if args.var is not None:
-        from fleetctl.playbook.templating import TemplateProblem
+        from fleetctl.templating import TemplateProblem
 
         try:
             value = mc.run.evaluate(args.var, mc.vars)

@@ -183,7 +183,7 @@ def find_file(name: str, variables: Mapping[str, Any], sub: str = "files") -> Pa
 def _lookup_file(context: Context, name: str) -> str:
     from fleetctl.vault import Vault, is_encrypted
 
-    path = find_file(str(name), context.get_all())
+    path = find_file(str(name), {key: context.get(key) for key in ("role_path", "playbook_dir")})
     if path is None:
         raise FilterError(f"lookup('file'): {name} not found (looked in the role's files/, the playbook's "
                           "files/ and folder)")
