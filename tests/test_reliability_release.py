@@ -167,6 +167,41 @@ def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_number
     assert_whole(deployed_lab, "lab1", fast_id, base=BASE)
 
 
+def test_a_release_switched_but_never_gated_is_judged_against_the_release_it_replaced(
+        deployed_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A deploy cut off after the switch and restart, before its gates (host lost, Ctrl-C): the
+    re-run finds the release serving but never gated, so the canary compares it with the release it
+    replaced, whose measurement is on the host, and rolls a slower release back."""
+    from fleetctl.inventory import load_inventory
+    from fleetctl.release import servers
+    from fleetctl.release.deploy import who
+    from fleetctl.release.service import layout_for
+    from fleetctl.transport.fleet import Fleet
+
+    body = ("service:\n  standin: true\n  args: [--speculative-algorithm, DFLASH, --standin-decode-tps, '{tps}']\n"
+            "health: {{timeout: 10, interval: 0.2, warmup: {{requests: 2, max_tokens: 40}}, "
+            "canary: {{max_regression_percent: 10}}}}\n")
+    inv = str(deployed_lab.inventory_path)
+    fast = write_spec(tmp_path, "fast2", body.format(tps=400), base=BASE)
+    slow = write_spec(tmp_path, "slow2", body.format(tps=100), base=BASE)
+    fast_id, slow_id = load_spec(fast).release_id, load_spec(slow).release_id
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(fast)).rc == 0
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(slow), "--stage").rc == 0
+    inventory = load_inventory(deployed_lab.inventory_path)
+    with Fleet(inventory, inventory.select("lab1")) as fleet:  # what the cut-off deploy did: switch, restart
+        ctx = fleet.contexts["lab1"]
+        assert servers.switch_over(ctx, layout_for(ctx.vars), slow_id, "deploy", who("cut off"), [], [None]) is None
+    assert served_release(deployed_lab, "lab1") == slow_id
+    r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(slow), "--json")
+    assert r.rc == 2, r.out + r.err
+    lab1 = r.json()["hosts"]["lab1"]
+    canary = lab1["value"]["gates"][-1]
+    assert canary["name"] == f"canary vs {fast_id}" and not canary["ok"], canary
+    assert canary["numbers"]["before"]["decode_tps"] > 300
+    assert lab1["reason"].endswith(f"rolled back to {fast_id}")
+    assert_whole(deployed_lab, "lab1", fast_id, base=BASE)
+
+
 def test_a_release_built_before_its_base_changed_is_built_again_under_a_new_id(
         deployed_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The base venv is changed by hand after a release was built from it (a distribution copied
