@@ -174,7 +174,7 @@ def test_a_release_switched_but_never_gated_is_judged_against_the_release_it_rep
     replaced, whose measurement is on the host, and rolls a slower release back."""
     from fleetctl.inventory import load_inventory
     from fleetctl.release import servers
-    from fleetctl.release.deploy import who
+    from fleetctl.release.hostlock import who
     from fleetctl.release.service import layout_for
     from fleetctl.transport.fleet import Fleet
 

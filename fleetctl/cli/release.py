@@ -36,11 +36,12 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
     (--stage: build and verify only)."""
     from fleetctl.release import deploy as core
+    from fleetctl.release.hostlock import who
     from fleetctl.release.spec import load_spec
 
     spec = load_spec(spec_path)
     loaded = core.load_patches(spec)
-    holder = core.who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
+    holder = who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
         from fleetctl.release.nodegroups import annotate
 
@@ -157,7 +158,7 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
     """Switch back to a release already on the hosts and restart: nothing is reinstalled. The default
     target is the release before the current one in each host's history that was never rolled back
     from; a host already rolled back stays (--to goes further back), so a re-run is safe."""
-    from fleetctl.release.deploy import who
+    from fleetctl.release.hostlock import who
     from fleetctl.release.manage import rollback_host
 
     holder = who(f"fleetctl rollback {to or ''}".strip())
@@ -253,7 +254,7 @@ def list_releases(app: AppContext) -> int:
 def remove_release(app: AppContext, release_id: str) -> int:
     """Remove one release folder from each host (never the current or the previous one), and the
     base venvs built from a lock that no release uses any more."""
-    from fleetctl.release.deploy import host_lock, who
+    from fleetctl.release.hostlock import host_lock, who
     from fleetctl.release.identity import remove_release as remove
     from fleetctl.release.service import layout_for
 

@@ -114,7 +114,7 @@ class _HostVars(Mapping[str, Any]):
 class Runner:
     def __init__(self, inventory: Inventory, playbook: Playbook, options: RunOptions, settings: RunSettings,
                  journal: journal_mod.Journal, listener: Listener | None = None) -> None:
-        from fleetctl.release.deploy import who
+        from fleetctl.release.hostlock import who
 
         self.inventory = inventory
         self.playbook = playbook

@@ -7,8 +7,9 @@ from typing import Any
 
 from fleetctl.errors import HostError
 from fleetctl.release import instances, servers
-from fleetctl.release.deploy import ReleaseRefused, host_lock
+from fleetctl.release.deploy import ReleaseRefused
 from fleetctl.release.gates import GateResult
+from fleetctl.release.hostlock import host_lock
 from fleetctl.release.service import control, layout_for
 from fleetctl.transport.base import HostSession
 

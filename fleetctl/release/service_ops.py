@@ -12,8 +12,8 @@ from typing import Any
 
 from fleetctl.errors import HostError
 from fleetctl.release import instances, servers
-from fleetctl.release.deploy import host_lock
 from fleetctl.release.gates import GateResult
+from fleetctl.release.hostlock import host_lock
 from fleetctl.release.manage import server_status
 from fleetctl.release.service import control, layout_for
 from fleetctl.transport.base import HostSession
