@@ -47,7 +47,7 @@ def test_help_does_not_import_the_ssh_stack() -> None:
 
 
 def test_shell_on_local_host(local_inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    r = run_cli(capsys, "-i", str(local_inventory), "shell", "--json", "echo hi; echo err >&2")
+    r = run_cli(capsys, "-i", str(local_inventory), "-l", "all", "shell", "--json", "echo hi; echo err >&2")
     assert r.rc == 0
     assert r.json()["hosts"]["ctl"]["value"]["stdout"] == "hi\n"
     assert r.json()["hosts"]["ctl"]["value"]["stderr"] == "err\n"

@@ -58,7 +58,8 @@ def rollout_lab() -> Iterator[LabHandle]:
         whl = wheel("sglang", NEW_SGLANG)
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda h: make_sglang_venv(lab, h, "/root/ml-env", [whl]), HOSTS))
-        r = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "deploy",
+        r = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "-l", "all",
+                            "deploy",
                             str(PLAIN)], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         yield lab
@@ -69,7 +70,8 @@ def lab(rollout_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> Iterator[
     """Each test starts with every host on the plain release, its service healthy."""
     yield rollout_lab
     rollout_lab.restore()
-    r = run_cli(capsys, "-i", str(rollout_lab.inventory_path), "rollback", "--to", plain_id(), "--timeout", "30")
+    r = run_cli(capsys, "-i", str(rollout_lab.inventory_path), "-l", "all", "rollback", "--to", plain_id(),
+                "--timeout", "30")
     assert r.rc == 0, r.out + r.err
 
 

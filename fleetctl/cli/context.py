@@ -62,6 +62,7 @@ class AppContext:
     persist: float = 0.0
     login: LoginOptions = field(default_factory=LoginOptions)
     config: ProjectConfig | None = None  # fleetctl.cfg / ansible.cfg: below the CLI and the environment
+    assume_yes: bool = False  # --yes: a command that changes hosts does not ask (cli/guard.py)
     _inventory: Inventory | None = None
     _connect: ConnectOptions | None = None
     _vault: Vault | None = None
