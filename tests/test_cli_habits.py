@@ -43,6 +43,16 @@ def test_global_options_after_the_command(inv: Path, capsys: pytest.CaptureFixtu
     assert {k: r.json()["hosts"][0]["vars"][k] for k in "ab"} == {"a": "2", "b": "3"}
 
 
+def test_run_takes_the_inventory_after_the_playbook(inv: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    book = tmp_path / "book.yml"
+    book.write_text("- hosts: all\n  tasks:\n    - name: say\n      shell: echo {{ greeting }}-{{ n }}\n"
+                    "      register: said\n")
+    r = run_cli(capsys, "run", str(book), "-i", str(inv), "-l", "ctl", "-e", "greeting=hi n=1.10", "--json")
+    assert r.rc == 0, r.out + r.err
+    assert r.json()["status"] == "ok"
+
+
 def test_a_commands_own_flag_keeps_its_meaning_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     grep = run_cli(capsys, "probe", "grep", "--help")
     assert "-i, --ignore-case" in grep.out
