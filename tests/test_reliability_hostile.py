@@ -270,8 +270,8 @@ def test_host_key_changed_unknown_or_wrong_user_key_runs_nothing(scratch_lab: La
     # wrong user key
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    r = run_cli(capsys, "-i", str(lab.inventory_path), "-e", f"ansible_ssh_private_key_file={other}", "shell",
-                "--json", touch)
+    r = run_cli(capsys, "-i", str(lab.inventory_path), "-e", f"ansible_ssh_private_key_file={other}", "-l", "all",
+                "shell", "--json", touch)
     assert r.rc == 2 and all(h["reason"].startswith("authentication failed for root@")
                              for h in r.json()["hosts"].values())
     # changed host key: lab1 refused, lab2 (unchanged) runs, the marker only there
