@@ -41,12 +41,12 @@ def main() -> int:
         lab = LabHandle.from_fleet(lab_up(opts.hosts, LAB, "127.0.93.0"))
         install_layout(lab, {h: LAYOUT["lab1"] for h in lab.hosts})
         inv, n = lab.inventory_path, len(lab.hosts)
-        deploy_plain = fleetctl_job(inv, ["deploy", str(PLAIN)], n)()
-        deploy_ddtree = fleetctl_job(inv, ["deploy", str(DDTREE)], n)()
+        deploy_plain = fleetctl_job(inv, ["-l", "all", "deploy", str(PLAIN)], n)()
+        deploy_ddtree = fleetctl_job(inv, ["-l", "all", "deploy", str(DDTREE)], n)()
         ids = [load_spec(PLAIN).release_id, load_spec(DDTREE).release_id]
         samples = []
         for i in range(opts.runs):  # alternate: every sample is a real switch + restart + health
-            samples.append(fleetctl_job(inv, ["rollback", "--to", ids[i % 2]], n)())
+            samples.append(fleetctl_job(inv, ["-l", "all", "rollback", "--to", ids[i % 2]], n)())
         rows = [("deploy DDTree release (fresh build)", [deploy_ddtree]), ("deploy plain release", [deploy_plain]),
                 (f"rollback of {n} hosts (switch + restart + /health)", samples)]
         report(rows, n)

@@ -341,8 +341,8 @@ class Lab:
         for i in range(1 + runs):
             spec = specs / f"ddtree-bench-{i}.yml"
             spec.write_text(text.replace("version: 0.5.23-ddtree.1", f"version: 0.5.23-ddtree.bench{i}"))
-            deploy = self.fleetctl(["deploy", str(spec)], ok)()
-            rollback = self.fleetctl(["rollback"], ok)() if i else 0.0
+            deploy = self.fleetctl(["-l", "all", "deploy", str(spec)], ok)()
+            rollback = self.fleetctl(["-l", "all", "rollback"], ok)() if i else 0.0
             print(f"  release round {i}: deploy {deploy:.2f}s rollback {rollback:.2f}s", flush=True)
             if i:  # round 0 (no earlier release to roll back to) is the warm-up
                 samples[f"deploy, {self.count} hosts"].append(deploy)

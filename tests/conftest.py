@@ -55,6 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # The machine's own ~/.ssh/config must not steer the tests; those about ssh_config write their own.
 os.environ["FLEETCTL_SSH_CONFIG"] = "none"
+# Nor a fleetctl.cfg/ansible.cfg in the developer's folder or home (test_cli_config.py writes its own).
+os.environ["FLEETCTL_CONFIG"] = "none"
 
 
 @pytest.fixture(scope="session")

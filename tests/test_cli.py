@@ -47,7 +47,7 @@ def test_help_does_not_import_the_ssh_stack() -> None:
 
 
 def test_shell_on_local_host(local_inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    r = run_cli(capsys, "-i", str(local_inventory), "shell", "--json", "echo hi; echo err >&2")
+    r = run_cli(capsys, "-i", str(local_inventory), "-l", "all", "shell", "--json", "echo hi; echo err >&2")
     assert r.rc == 0
     assert r.json()["hosts"]["ctl"]["value"]["stdout"] == "hi\n"
     assert r.json()["hosts"]["ctl"]["value"]["stderr"] == "err\n"
@@ -64,7 +64,8 @@ def test_no_inventory_is_a_usage_error(capsys: pytest.CaptureFixture[str], monke
     monkeypatch.delenv("FLEETCTL_INVENTORY", raising=False)
     r = run_cli(capsys, "ping")
     assert r.rc == 3
-    assert r.err.strip() == "fleetctl: error: no inventory: pass -i PATH or set FLEETCTL_INVENTORY"
+    assert r.err.strip() == ("fleetctl: error: no inventory: pass -i PATH, set FLEETCTL_INVENTORY or 'inventory' in "
+                          "fleetctl.cfg/ansible.cfg")
 
 
 def test_inventory_from_environment(local_inventory: Path, capsys: pytest.CaptureFixture[str],
@@ -115,7 +116,7 @@ def test_extra_vars_override(local_inventory: Path, capsys: pytest.CaptureFixtur
                 "hosts", "--json")
     host = r.json()["hosts"][0]
     assert host["vars"]["venv"] == "/opt/x"
-    assert host["vars"]["service_port"] == 31000
+    assert host["vars"]["service_port"] == "31000"  # -e k=v: a string, as in Ansible
 
 
 def test_secret_vars_are_masked_in_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

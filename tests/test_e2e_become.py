@@ -57,12 +57,13 @@ def serving(lab: LabHandle, host: str) -> str:
 
 def test_commands_run_as_root_through_sudo_and_as_fleetop_without(
         release_free_lab: LabHandle, fleetop_inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plain = cli(capsys, fleetop_inventory, "shell", "--json", "id -un")
+    plain = cli(capsys, fleetop_inventory, "-l", "all", "shell", "--json", "id -un")
     assert plain.rc == 0 and {h["value"]["stdout"].strip() for h in plain.json()["hosts"].values()} == {"fleetop"}
-    became = cli(capsys, fleetop_inventory, "-b", "shell", "--json", "id -un; echo $HOME")
+    became = cli(capsys, fleetop_inventory, "-b", "-l", "all", "shell", "--json", "id -un; echo $HOME")
     assert became.rc == 0, became.err
     assert {h["value"]["stdout"] for h in became.json()["hosts"].values()} == {"root\n/root\n"}  # sudo -H
-    other = cli(capsys, fleetop_inventory, "-b", "--become-user", "nobody", "shell", "--json", "id -un")
+    other = cli(capsys, fleetop_inventory, "-b", "--become-user", "nobody", "-l", "all", "shell", "--json",
+                "id -un")
     assert {h["value"]["stdout"].strip() for h in other.json()["hosts"].values()} == {"nobody"}
     facts = cli(capsys, fleetop_inventory, "-b", "facts", "--json")
     assert facts.rc == 0 and set(facts.json()["hosts"]) == set(release_free_lab.hosts)

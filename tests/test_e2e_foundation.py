@@ -27,11 +27,11 @@ def test_ping_reaches_every_host_through_one_agent(lab_fleet: LabHandle, capsys:
 
 def test_shell_gathers_identical_output(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
     inv = str(lab_fleet.inventory_path)
-    same = run_cli(capsys, "-i", inv, "shell", "echo same; uname -s")
+    same = run_cli(capsys, "-i", inv, "-l", "all", "shell", "echo same; uname -s")
     assert same.rc == 0, same.err
     assert "lab1,lab2,lab3 (3)" in same.out
     assert same.out.count("same") == 1
-    differ = run_cli(capsys, "-i", inv, "shell", "hostname")
+    differ = run_cli(capsys, "-i", inv, "-l", "all", "shell", "hostname")
     for name in lab_fleet.hosts:
         assert f"{name} (1)" in differ.out
 
@@ -82,7 +82,7 @@ def test_facts_on_lab_hosts(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[
 
 def test_command_timeout_fails_that_host_only(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
     with wall_clock() as took:
-        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "shell", "--json",
+        r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "-T", "1", "-l", "all", "shell", "--json",
                     'if [ "$(hostname)" = lab1 ]; then sleep 30; fi; echo done')
     assert took.seconds < 1 + 20, took  # -T 1 ended lab1's 30 s sleep (20 s for connecting on a busy machine)
     assert r.rc == 2

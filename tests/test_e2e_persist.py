@@ -105,7 +105,7 @@ def test_changes_never_use_kept_connections(lab_fleet: LabHandle, mux_dir: Path,
         assert fleet.settings.persist == 0
     with app.fleet(read_only=True) as fleet:
         assert fleet.settings.persist == 30
-    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "shell", "true")
+    r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "-l", "all", "shell", "true")
     assert r.rc == 0, r.err
     assert mux.server_status(mux.socket_path(mux_dir)) is None  # the shell command started no server
 

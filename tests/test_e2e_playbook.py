@@ -58,7 +58,8 @@ def rollout_lab() -> Iterator[LabHandle]:
         whl = wheel("sglang", NEW_SGLANG)
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda h: make_sglang_venv(lab, h, "/root/ml-env", [whl]), HOSTS))
-        r = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "deploy",
+        r = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path), "-l", "all",
+                            "deploy",
                             str(PLAIN)], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         yield lab
@@ -69,7 +70,8 @@ def lab(rollout_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> Iterator[
     """Each test starts with every host on the plain release, its service healthy."""
     yield rollout_lab
     rollout_lab.restore()
-    r = run_cli(capsys, "-i", str(rollout_lab.inventory_path), "rollback", "--to", plain_id(), "--timeout", "30")
+    r = run_cli(capsys, "-i", str(rollout_lab.inventory_path), "-l", "all", "rollback", "--to", plain_id(),
+                "--timeout", "30")
     assert r.rc == 0, r.out + r.err
 
 
@@ -205,7 +207,7 @@ def test_max_failures_then_resume_completes_the_run(lab: LabHandle, tmp_path: Pa
     plays = rollout(1, [{"name": "smoke test", "fail": "smoke test failed",
                          "when": "inventory_hostname in broken"}], max_failures=1, on_failure="rollback_failed")
     book = playbook(tmp_path, plays)
-    r = run(capsys, lab, str(book), "-e", "broken=[lab2, lab3]", "--json")
+    r = run(capsys, lab, str(book), "-e", '{"broken": ["lab2", "lab3"]}', "--json")
     doc = r.json()
     assert r.rc == 2 and doc["status"] == "halted"
     # lab2 failed (1, within the budget), lab3 failed (2 > 1): stop; lab4 never started
@@ -214,7 +216,7 @@ def test_max_failures_then_resume_completes_the_run(lab: LabHandle, tmp_path: Pa
     assert halted[0]["why"] == "max_failures 1 exceeded: 2 host(s) failed in this rollout"
     assert halted[0]["not_started"] == ["lab4"]
     # fixed: resume skips lab1 (finished) and takes the others through
-    again = run(capsys, lab, str(book), "-e", "broken=[]", "--resume", doc["run_id"], "--json")
+    again = run(capsys, lab, str(book), "-e", '{"broken": []}', "--resume", doc["run_id"], "--json")
     assert again.rc == 0, again.err
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
     events = journal_events(lab, doc["run_id"])

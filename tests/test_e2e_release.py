@@ -51,7 +51,7 @@ def test_deploy_ddtree_then_roll_back(release_free_lab: LabHandle, capsys: pytes
     assert r.rc == 0, r.out + r.err
     before_lab2 = fingerprint(release_free_lab, "lab2")
 
-    r = cli(capsys, release_free_lab, "deploy", str(DDTREE), "--json")
+    r = cli(capsys, release_free_lab, "-l", "all", "deploy", str(DDTREE), "--json")
     assert r.rc == 2  # lab2 runs sglang 0.5.9: refused
     hosts = r.json()["hosts"]
     for host in ("lab1", "lab3"):

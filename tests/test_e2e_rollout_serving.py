@@ -92,7 +92,7 @@ def test_drain_deploy_undrain_at_a_load_balancer(lab: LabHandle, tmp_path: Path,
                                                   on_failure="rollback_all"))
         # batch 2 fails on lab3: its rescue rolls it back and fails it, always undrains it, the
         # budget stops the rollout and rollback_all takes lab1 and lab2 back; lab4 is never drained
-        bad = run(capsys, lab, str(book), "-e", "broken=[lab3]", "--json")
+        bad = run(capsys, lab, str(book), "-e", '{"broken": ["lab3"]}', "--json")
         doc = bad.json()
         assert bad.rc == 2 and doc["status"] == "halted", bad.out + bad.err
         assert lb.pool == set(HOSTS)
@@ -119,7 +119,7 @@ def test_drain_deploy_undrain_at_a_load_balancer_on_success(lab: LabHandle, tmp_
         book = playbook(tmp_path, drained_rollout(lb.url, serial=[1, 2, 1], max_fail_percentage=0,
                                                   on_failure="rollback_all"))
         # every host goes out and comes back, one batch at a time; no rollback, so no rollback hook
-        ok = run(capsys, lab, str(book), "-e", "broken=[]", "--json")
+        ok = run(capsys, lab, str(book), "-e", '{"broken": []}', "--json")
         assert ok.rc == 0, ok.out + ok.err
         assert lb.pool == set(HOSTS)
         assert lb.log[:2] == ["drain lab1", "undrain lab1"] and sorted(lb.log) == sorted(

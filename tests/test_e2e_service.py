@@ -43,12 +43,12 @@ def events(journal: str) -> list[dict]:
 def test_service_restart_serial_one_host_at_a_time_and_stops_at_a_failure(
         quad_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lab, inv = quad_lab, str(quad_lab.inventory_path)
-    r = run_cli(capsys, "-i", inv, "deploy", str(spec(tmp_path)), "--serial", "2", "--json")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(spec(tmp_path)), "--serial", "2", "--json")
     assert r.rc == 0, r.out + r.err
     batches = [e["hosts"] for e in events(r.json()["journal"]) if e["event"] == "batch_start"]
     assert batches == [["lab1", "lab2"], ["lab3", "lab4"]]
 
-    r = run_cli(capsys, "-i", inv, "service", "restart", "--serial", "1", "--json")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "service", "restart", "--serial", "1", "--json")
     assert r.rc == 0, r.out + r.err
     done = [e for e in events(r.json()["journal"]) if e["event"] in ("task_start", "host_done")]
     assert [(e["event"], e["host"]) for e in done] == [
@@ -59,7 +59,7 @@ def test_service_restart_serial_one_host_at_a_time_and_stops_at_a_failure(
     # lab3's release loses its server program: its restart fails, lab4 is never touched.
     pid4 = lab.ssh("lab4", "head -1 /var/lib/fleetctl/service/sglang.pid").stdout.strip()
     lab.ssh("lab3", "rm /opt/fleetctl/current/sglang_standin.py")
-    r = run_cli(capsys, "-i", inv, "service", "restart", "--serial", "1", "--json")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "service", "restart", "--serial", "1", "--json")
     doc = r.json()
     assert r.rc == 2
     assert [doc["hosts"][h]["status"] for h in ("lab1", "lab2", "lab3", "lab4")] == ["ok", "ok", "failed", "failed"]
@@ -71,7 +71,7 @@ def test_service_restart_serial_one_host_at_a_time_and_stops_at_a_failure(
     assert ("halted", None) in kinds and ("task_start", "lab4") not in kinds
 
     # A budget lets the rollout go on past one failed host.
-    r = run_cli(capsys, "-i", inv, "service", "restart", "--serial", "1", "--max-failures", "1", "--json")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "service", "restart", "--serial", "1", "--max-failures", "1", "--json")
     assert r.rc == 2 and r.json()["halted"] is None
     assert r.json()["hosts"]["lab4"]["status"] == "ok"
     status = run_cli(capsys, "-i", inv, "-l", "lab4", "service", "status", "--json").json()

@@ -53,7 +53,7 @@ def cli(capsys: pytest.CaptureFixture[str], inv: Path, *args: str) -> CliRun:
 
 
 def test_aliases_decide_address_user_key_and_bastions(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    r = cli(capsys, home, "shell", "--json", "echo $(id -un)@$(hostname)")
+    r = cli(capsys, home, "-l", "all", "shell", "--json", "echo $(id -un)@$(hostname)")
     assert r.rc == 0, r.out + r.err
     got = {h: v["value"]["stdout"].strip() for h, v in r.json()["hosts"].items()}
     # gpu-c sets no User: the local user (root here), never a user fleetctl made up
@@ -115,7 +115,7 @@ def test_password_login_works_and_a_wrong_one_is_one_line(lab_fleet: LabHandle, 
         for password, rc in ((LAB_PASSWORD, 0), ("wrong-password", 2)):
             inv.write_text(f"all:\n  hosts:\n    lab2:\n      ansible_host: {address}\n      ansible_user: fleetop\n"
                            f"      ansible_password: {password}\n")
-            r = run_cli(capsys, "-i", str(inv), "shell", "--json", "id -un")
+            r = run_cli(capsys, "-i", str(inv), "-l", "all", "shell", "--json", "id -un")
             assert r.rc == rc, r.out + r.err
             assert password not in r.out + r.err
             if rc == 0:

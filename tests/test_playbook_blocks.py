@@ -68,7 +68,7 @@ def drain_play(url: str, **play: Any) -> dict[str, Any]:
 def test_drain_block_rescue_always(inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with load_balancer(HOSTS) as lb:
         path = book(tmp_path, [drain_play(lb.url, serial=1)])
-        ok = run(capsys, inv, str(path), "-e", "broken=[]", "-e", "fail_rescue=false", "--json")
+        ok = run(capsys, inv, str(path), "-e", '{"broken": [], "fail_rescue": false}', "--json")
         assert ok.rc == 0, ok.err
         assert lb.pool == set(HOSTS)
         order = [e.split()[1] for e in lb.log[::2]]  # one host at a time: drained, then back
@@ -77,7 +77,7 @@ def test_drain_block_rescue_always(inv: Path, tmp_path: Path, capsys: pytest.Cap
                                            ("undrain", "changed"), ("after", "changed")]
         # two fails; its rescue succeeds: rescued, not failed, and it goes on with the play
         lb.log.clear()
-        res = run(capsys, inv, str(path), "-e", "broken=[two]", "-e", "fail_rescue=false", "--json")
+        res = run(capsys, inv, str(path), "-e", '{"broken": ["two"], "fail_rescue": false}', "--json")
         doc = res.json()
         assert res.rc == 0, res.err
         assert doc["recap"]["two"]["failed"] == 0 and doc["recap"]["two"]["rescued"] == 1
@@ -87,7 +87,7 @@ def test_drain_block_rescue_always(inv: Path, tmp_path: Path, capsys: pytest.Cap
         # the rescue fails too: the host fails, always still undrains it, the batch's budget stops the rest
         lb.log.clear()
         bad = run(capsys, inv, str(book(tmp_path, [drain_play(lb.url, serial=1, max_failures=0)])),
-                  "-e", "broken=[two]", "-e", "fail_rescue=true", "--json")
+                  "-e", '{"broken": ["two"], "fail_rescue": true}', "--json")
         doc = bad.json()
         assert bad.rc == 2 and doc["status"] == "halted"
         assert lb.pool == set(HOSTS) and lb.log[-2:] == ["drain two", "undrain two"]

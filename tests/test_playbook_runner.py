@@ -128,10 +128,10 @@ def test_resume_skips_hosts_that_finished(inv: Path, tmp_path: Path, capsys: pyt
     path = book(tmp_path, [{"shell": f"echo {{{{ inventory_hostname }}}} >> {log}"},
                            {"fail": "broken", "when": "inventory_hostname in broken"}], serial=1,
                 max_failures=0)
-    first = run(capsys, inv, str(path), "-e", "broken=[two]", "--json")
+    first = run(capsys, inv, str(path), "-e", '{"broken": ["two"]}', "--json")
     run_id = first.json()["run_id"]
     assert first.rc == 2 and first.json()["status"] == "halted"
-    again = run(capsys, inv, str(path), "-e", "broken=[]", "--resume", run_id, "--json")
+    again = run(capsys, inv, str(path), "-e", '{"broken": []}', "--resume", run_id, "--json")
     assert again.rc == 0 and again.json()["status"] == "ok"
     assert log.read_text().split() == ["one", "two", "two"]  # one finished the first time: not run again
     journal = inv.parent / ".fleetctl" / "runs" / f"{run_id}.jsonl"

@@ -36,7 +36,7 @@ def test_a_host_frozen_mid_command_times_out_in_one_line_the_other_finishes(scra
     frozen: list[int] = []
     with wall_clock() as took:
         proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path),
-                                 "-T", str(TIMEOUT), "--json", "shell", COMMAND],
+                                 "-T", str(TIMEOUT), "--json", "-l", "all", "shell", COMMAND],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             def still_running() -> None:

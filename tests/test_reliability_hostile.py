@@ -161,7 +161,7 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
 
     try:
         ok_everywhere(cli("-vv", "ping", "--json"))
-        assert {v["stdout"] for v in ok_everywhere(cli("shell", "--json", "echo ok")).values()} == {"ok\n"}
+        assert {v["stdout"] for v in ok_everywhere(cli("-l", "all", "shell", "--json", "echo ok")).values()} == {"ok\n"}
         facts = ok_everywhere(cli("-vv", "facts", "--json"))
         assert {f["hostname"] for f in facts.values()} == set(lab.hosts)
         # probes: the payloads as grep terms, the hostile venv for grep, symbol, import and script
@@ -264,19 +264,20 @@ def test_host_key_changed_unknown_or_wrong_user_key_runs_nothing(scratch_lab: La
         host["ansible_ssh_private_key_file"] = str(lab.key_path)
     unknown = tmp_path / "inventory.yml"
     unknown.write_text(yaml.safe_dump(doc))
-    r = run_cli(capsys, "-i", str(unknown), "shell", "--json", touch)
+    r = run_cli(capsys, "-i", str(unknown), "-l", "all", "shell", "--json", touch)
     assert r.rc == 2 and {h["status"] for h in r.json()["hosts"].values()} == {"unreachable"}
     assert all("unknown host key ssh-ed25519 SHA256:" in h["reason"] for h in r.json()["hosts"].values())
     # wrong user key
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    r = run_cli(capsys, "-i", str(lab.inventory_path), "-e", f"ansible_ssh_private_key_file={other}", "shell",
-                "--json", touch)
+    r = run_cli(capsys, "-i", str(lab.inventory_path), "-e", f"ansible_ssh_private_key_file={other}", "-l", "all",
+                "shell", "--json", touch)
     assert r.rc == 2 and all(h["reason"].startswith("authentication failed for root@")
                              for h in r.json()["hosts"].values())
     # changed host key: lab1 refused, lab2 (unchanged) runs, the marker only there
     lab.rekey("lab1")
-    r = run_cli(capsys, "-i", str(lab.inventory_path), "shell", "--json", f"touch /root/{Path(marker).name}")
+    r = run_cli(capsys, "-i", str(lab.inventory_path), "-l", "all", "shell", "--json",
+                f"touch /root/{Path(marker).name}")
     hosts = r.json()["hosts"]
     assert r.rc == 2 and hosts["lab1"]["status"] == "unreachable" and hosts["lab2"]["status"] == "ok"
     assert f"HOST KEY CHANGED for {lab.addresses['lab1']}" in hosts["lab1"]["reason"]

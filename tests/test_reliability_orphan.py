@@ -48,7 +48,7 @@ def test_a_200_from_another_process_on_the_port_is_not_healthy(
                                                       f"u.urlopen('http://{address}:30000/health').read())\"",
                                               check=False).stdout.strip(), "the orphan answering on lab1:30000")
         fault_happened("orphan" in answered, f"another process answers /health on {address}:30000")
-        r = run_cli(capsys, "-i", inv, "deploy", str(spec), "--json")
+        r = run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(spec), "--json")
         assert r.rc == 2, r.out + r.err
         hosts = r.json()["hosts"]
         assert hosts["lab2"]["status"] == "ok" and hosts["lab2"]["value"]["outcome"] == "deployed", hosts["lab2"]

@@ -22,8 +22,8 @@ def test_a_host_rebooted_between_staging_and_switching_switches_whole(
     lab, inv = scratch_lab, str(scratch_lab.inventory_path)
     first, second = tiny_releases(lab, tmp_path, ["v1", "v2"])
     old, new = load_spec(first).release_id, load_spec(second).release_id
-    assert run_cli(capsys, "-i", inv, "deploy", str(first)).rc == 0
-    staged = run_cli(capsys, "-i", inv, "deploy", str(second), "--stage", "--json")
+    assert run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(first)).rc == 0
+    staged = run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(second), "--stage", "--json")
     assert staged.rc == 0, staged.out + staged.err
     assert {h: v["value"]["outcome"] for h, v in staged.json()["hosts"].items()} == dict.fromkeys(lab.hosts, "staged")
     for host in lab.hosts:
@@ -38,7 +38,7 @@ def test_a_host_rebooted_between_staging_and_switching_switches_whole(
                           release_state(lab, "lab1")["service_pid"], "lab1's server back after the restart")
     fault_happened(back_pid != service, f"lab1's server is a new process after the restart ({service} -> {back_pid})")
     assert_whole(lab, "lab1", old)
-    r = run_cli(capsys, "-i", inv, "deploy", str(second), "--json")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(second), "--json")
     assert r.rc == 0, r.out + r.err
     for host in lab.hosts:
         value = r.json()["hosts"][host]["value"]

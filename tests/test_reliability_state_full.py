@@ -31,11 +31,11 @@ def test_a_full_state_folder_refuses_in_one_line_and_leaves_the_host_whole(
     lab, inv = scratch_lab, str(scratch_lab.inventory_path)
     first, second = tiny_releases(lab, tmp_path, ["v1", "v2"])
     old, new = load_spec(first).release_id, load_spec(second).release_id
-    assert run_cli(capsys, "-i", inv, "deploy", str(first)).rc == 0
+    assert run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(first)).rc == 0
     pages, line = CASES[case]
     fill_state_dir(lab, "lab1", pages)
     try:
-        r = run_cli(capsys, "-i", inv, "deploy", str(second), "--json")
+        r = run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(second), "--json")
         assert r.rc == 2, r.out + r.err
         hosts = r.json()["hosts"]
         assert hosts["lab1"]["status"] == "failed"

@@ -6,6 +6,7 @@ import click
 
 from fleetctl import adhoc, render
 from fleetctl.cli.context import AppContext
+from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, venv_option
 
 
@@ -36,10 +37,13 @@ def ping(app: AppContext) -> int:
 
 @click.command()
 @click.argument("command")
+@yes_option
 @host_options
 @click.pass_obj
 def shell(app: AppContext, command: str) -> int:
-    """Run COMMAND on every host; identical outputs are gathered under their hosts' names."""
+    """Run COMMAND on the hosts of -l (required: -l all for every host); identical outputs are gathered
+    under their hosts' names."""
+    approve(app, "shell", f"shell: {command}")
     with app.fleet() as fleet:
         results = adhoc.shell(fleet, command)
     if app.json:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:
+    from fleetctl.config import ProjectConfig
     from fleetctl.inventory import Host, Inventory
     from fleetctl.transport.fleet import Fleet, RunSettings
     from fleetctl.transport.target import ConnectOptions
@@ -32,7 +33,25 @@ def collector_paused() -> Iterator[None]:
 
 
 @dataclass
+class LoginOptions:
+    """The global options behind ``connect`` and ``vault``, as given (before or after the command)."""
+
+    user: str | None = None
+    private_key: str | None = None
+    become: bool = False
+    become_user: str | None = None
+    ask_become_pass: bool = False
+    vault_password_files: tuple[str, ...] = ()
+    vault_ids: tuple[str, ...] = ()
+    ask_vault_pass: bool = False
+
+
+@dataclass
 class AppContext:
+    """The global options, which a command's own copy of them may change (``cli/global_options.py``);
+    what is built from them (the inventory, the connection options, the vault) is built on first use,
+    after every option was read."""
+
     inventory_paths: tuple[str, ...]
     limit: str | None
     forks: int
@@ -41,30 +60,81 @@ class AppContext:
     extra_vars: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None
     persist: float = 0.0
-    connect: ConnectOptions | None = None  # -u, --private-key, -b, --become-user, -K
-    vault: Vault | None = None  # --vault-password-file, --vault-id, --ask-vault-pass
+    login: LoginOptions = field(default_factory=LoginOptions)
+    config: ProjectConfig | None = None  # fleetctl.cfg / ansible.cfg: below the CLI and the environment
+    assume_yes: bool = False  # --yes: a command that changes hosts does not ask (cli/guard.py)
     _inventory: Inventory | None = None
+    _connect: ConnectOptions | None = None
+    _vault: Vault | None = None
 
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            if not self.inventory_paths:
-                raise InputError("no inventory: pass -i PATH or set FLEETCTL_INVENTORY")
+            paths = self.inventory_source()
+            if not paths:
+                raise InputError("no inventory: pass -i PATH, set FLEETCTL_INVENTORY or 'inventory' in "
+                                 "fleetctl.cfg/ansible.cfg")
             from fleetctl.inventory import load_inventory
 
             with collector_paused():
-                self._inventory = load_inventory(self.inventory_paths, self.extra_vars, self.vault)
+                self._inventory = load_inventory(paths, self.extra_vars, self.vault)
         return self._inventory
+
+    def inventory_source(self) -> tuple[str, ...]:
+        """-i, else FLEETCTL_INVENTORY, else the config file's ``inventory``."""
+        import os
+
+        from fleetctl.inventory.sources import env_sources
+
+        if self.inventory_paths:
+            return self.inventory_paths
+        if os.environ.get("FLEETCTL_INVENTORY"):
+            return tuple(env_sources(os.environ["FLEETCTL_INVENTORY"]))
+        configured = self.config.get("inventory") if self.config else None
+        return tuple(configured.split(",")) if configured else ()
+
+    @property
+    def connect(self) -> ConnectOptions:
+        """-u, --private-key, -b, --become-user, -K (asked here: once, before connecting), over the config file's."""
+        if self._connect is None:
+            from fleetctl.cli.options import connect_options
+
+            given, cfg = self.login, self.config
+            self._connect = connect_options(
+                given.user or (cfg.get("remote_user") if cfg else None),
+                given.private_key or (cfg.get("private_key_file") if cfg else None),
+                given.become or bool(cfg and cfg.flag("become")),
+                given.become_user or (cfg.get("become_user") if cfg else None), given.ask_become_pass)
+        return self._connect
+
+    @property
+    def vault(self) -> Vault:
+        if self._vault is None:
+            import os
+
+            from fleetctl.cli.options import vault_options
+
+            files = self.login.vault_password_files
+            if not files and os.environ.get("FLEETCTL_VAULT_PASSWORD_FILE"):
+                files = (os.environ["FLEETCTL_VAULT_PASSWORD_FILE"],)
+            configured = self.config.get("vault_password_file") if self.config else None
+            if not files and not self.login.vault_ids and configured:
+                files = (configured,)
+            self._vault = vault_options(files, self.login.vault_ids, self.login.ask_vault_pass)
+        return self._vault
+
+    def changed_login(self) -> None:
+        """A command's own -u/-b/--vault-... came after the group's: build them again."""
+        self._connect = self._vault = None
 
     def selected_hosts(self, limit: str | None = None) -> list[Host]:
         return self.inventory.select(limit if limit is not None else self.limit)
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         from fleetctl.transport.fleet import RunSettings
-        from fleetctl.transport.target import ConnectOptions
 
         fields: dict[str, Any] = {"forks": self.forks, "command_timeout": self.timeout,
-                                  "connect": self.connect or ConnectOptions(), **overrides}
+                                  "connect": self.connect, **overrides}
         return RunSettings(**fields)
 
     def fleet(self, limit: str | None = None, *, read_only: bool = False, in_venv: str | bool = False) -> Fleet:

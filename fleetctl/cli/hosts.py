@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from fleetctl import render
@@ -18,18 +20,45 @@ def hosts(ctx: click.Context) -> int:
         return 0
     app: AppContext = ctx.obj
     selected = app.selected_hosts()
+    logins = {h.name: login_of(app, h) for h in selected}
     if app.json:
-        render.emit_json({"hosts": [h.to_dict() for h in selected]})
+        render.emit_json({"hosts": [{**h.to_dict(), "login": logins[h.name]} for h in selected]})
         return 0
     rows = []
     for h in selected:
-        c = h.connection
-        where = "local" if c.kind == "local" else f"{c.user or 'root'}@{c.hostname}:{c.port}"
-        rows.append([h.name, ",".join(h.groups), where + (f" via {c.jump}" if c.jump else ""), c.venv or ""])
+        got = logins[h.name]
+        where = got.get("error") or got["address"] + (f" via {','.join(got['via'])}" if got["via"] else "")
+        become = got["become"] or ""
+        rows.append([h.name, ",".join(h.groups), where, become, h.connection.venv or ""])
     out = render.console()
-    out.print(render.table(None, ["host", "groups", "connection", "venv"], rows))
+    out.print(render.table(None, ["host", "groups", "connection", "become", "venv"], rows))
     out.print(f"{len(selected)} hosts")
     return 0
+
+
+def login_of(app: AppContext, host: Any) -> dict[str, Any]:
+    """How the transport will reach ``host``: the one resolver's answer (inventory > CLI > ssh_config >
+    default, ``transport/target.py``), its bastions nearest first, and whom it becomes."""
+    from fleetctl.errors import FleetError
+    from fleetctl.transport.target import resolve_become, resolve_target
+
+    spec = host.connection
+    become = resolve_become(spec, app.connect)
+    if spec.kind == "local":
+        return {"address": "local", "via": [], "become": become.user if become else None}
+    try:
+        target = resolve_target(app.inventory, spec, app.connect, become=become)
+    except FleetError as exc:
+        return {"address": None, "via": [], "become": None, "error": f"unresolvable: {exc}"}
+    hops: list[str] = []
+    via = target.jump
+    while via is not None:
+        hops.insert(0, f"{via.user}@{via.hostname}:{via.port}")
+        via = via.jump
+    if target.proxy_command:
+        hops.append(f"ProxyCommand {target.proxy_command}")
+    return {"address": f"{target.user}@{target.hostname}:{target.port}", "via": hops,
+            "become": become.user if become else None}
 
 
 @hosts.command()

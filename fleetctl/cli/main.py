@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 
 from fleetctl import __version__
-from fleetctl.cli import options
-from fleetctl.cli.context import AppContext
+from fleetctl.cli import global_options
+from fleetctl.cli.context import AppContext, LoginOptions
 from fleetctl.errors import ExitCode, FleetError
 
 # The process ends without the interpreter's last garbage collection over everything the command
@@ -45,62 +45,42 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
-            return super().get_command(ctx, cmd_name)
-        module, _, attr = COMMANDS[cmd_name].partition(":")
-        command = getattr(importlib.import_module(module), attr)
-        assert isinstance(command, click.Command)
+            command = super().get_command(ctx, cmd_name)
+        else:
+            module, _, attr = COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+        if command is not None:
+            global_options.attach(command)
         return command
 
 
-@click.group(cls=LazyGroup, context_settings={"auto_envvar_prefix": "FLEETCTL", "help_option_names": ["-h", "--help"]})
-@click.option("-i", "--inventory", "inventory_paths", multiple=True, metavar="PATH",
-              help="Inventory source, repeatable: an Ansible YAML or INI file, a directory of them, an executable "
-                   "inventory script, or 'host1,host2,'. Env: FLEETCTL_INVENTORY (a ',' or ':' list).")
-@click.option("-l", "--limit", metavar="PATTERN", help="Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+'.")
-@click.option("-f", "--forks", type=click.IntRange(1, 1024), default=32, show_default=True,
-              help="Hosts worked on in parallel.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@click.option("-e", "--extra-vars", "extra_vars", multiple=True, metavar="KEY=VALUE|@FILE",
-              callback=options.parse_extra_vars, help="Variables that override the inventory's.")
-@click.option("-T", "--timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
-              help="Per-command timeout in seconds.")
-@click.option("--persist", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS", envvar="FLEETCTL_PERSIST",
-              help="Keep SSH connections and agents this long after a read-only command (ping, facts, probe, "
-                   "drift, status, releases, gpu health, report) for the next ones, like ControlPersist; 0: off. "
-                   "Env: FLEETCTL_PERSIST.")
-@click.option("-u", "--user", metavar="USER", help="Log in as USER where the inventory sets no ansible_user "
-              "(else ssh_config's User, else your local user).")
-@click.option("--private-key", metavar="FILE", type=click.Path(dir_okay=False),
-              help="Key file where the inventory sets no ansible_ssh_private_key_file.")
-@click.option("-b", "--become", is_flag=True, help="Run as --become-user (root) through sudo where the inventory "
-              "sets no ansible_become.")
-@click.option("--become-user", metavar="USER", help="The user to become (default root).")
-@click.option("-K", "--ask-become-pass", is_flag=True, help="Ask for the sudo password once, before connecting.")
-@click.option("--vault-password-file", "vault_password_files", multiple=True, metavar="FILE",
-              help="Vault password file (label 'default'); an executable one is run and its output used.")
-@click.option("--vault-id", "vault_ids", multiple=True, metavar="LABEL@FILE",
-              help="Vault password with its vault-id label (LABEL@prompt asks), repeatable.")
-@click.option("--ask-vault-pass", "--ask-vault-password", is_flag=True, help="Ask for the vault password once.")
-@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"{global_options.ENV_HELP}\n\n{global_options.CONFIG_HELP}")
+@global_options.group_options
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
-def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int, as_json: bool,
+def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int | None, as_json: bool,
         extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
         become: bool, become_user: str | None, ask_become_pass: bool, vault_password_files: tuple[str, ...],
         vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int) -> None:
-    """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases."""
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if verbose < 2:
-        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    connect = options.connect_options(user, private_key, become, become_user, ask_become_pass)
-    if not inventory_paths and os.environ.get("FLEETCTL_INVENTORY"):
-        from fleetctl.inventory.sources import env_sources
+    """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases.
 
-        inventory_paths = tuple(env_sources(os.environ["FLEETCTL_INVENTORY"]))
-    vault = options.vault_options(vault_password_files, vault_ids, ask_vault_pass)
-    ctx.obj = AppContext(inventory_paths, limit, forks, as_json, verbose, dict(extra_vars), timeout, persist,
-                         connect, vault)
+    Global options go before or after the command (fleetctl -i INV ping, fleetctl ping -i INV).
+    Commands that change hosts (deploy, rollback, service start|stop|restart, releases remove, shell)
+    need a target, -l PATTERN or -l all, and on a terminal ask before they start (--yes: don't ask).
+    """
+    from fleetctl.config import find_config, load_config
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    global_options.set_logging(verbose)
+    config = load_config(find_config())
+    if config.warning():
+        click.echo(f"fleetctl: warning: {config.warning()}", err=True)
+    login = LoginOptions(user, private_key, become, become_user, ask_become_pass, vault_password_files, vault_ids,
+                         ask_vault_pass)
+    ctx.obj = AppContext(inventory_paths, limit, forks or config.forks() or 32, as_json, verbose, dict(extra_vars),
+                         timeout, persist, login, config)
 
 
 def _crash_log() -> Path:

@@ -21,23 +21,55 @@ if TYPE_CHECKING:
 
 
 def parse_extra_vars(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
-    """``-e key=value`` (value parsed as YAML scalar) or ``-e @vars.yml``, later ones win."""
+    """``-e``, as ``ansible-playbook`` parses it (``extra_vars_of``)."""
+    return extra_vars_of(values)
+
+
+def extra_vars_of(values: tuple[str, ...]) -> dict[str, Any]:
+    """Ansible's ``-e``: ``@FILE`` a YAML/JSON mapping; ``{...}`` a JSON/YAML mapping (typed);
+    else ``k=v k2='a b'`` pairs, split as a shell would, every value a string (``v=1.10`` is
+    "1.10", ``o=0755`` is "0755"). Later ones win."""
     out: dict[str, Any] = {}
     for item in values:
         if item.startswith("@"):
-            path = Path(item[1:])
+            path = Path(item[1:]).expanduser()
             try:
                 data = yaml.safe_load(path.read_text())
-            except (OSError, yaml.YAMLError) as exc:
-                raise click.BadParameter(f"{path}: {exc}") from None
-            if not isinstance(data, dict):
-                raise click.BadParameter(f"{path}: expected a mapping of variables")
-            out.update(data)
-        elif "=" in item:
-            key, _, value = item.partition("=")
-            out[key.strip()] = yaml.safe_load(value) if value else ""
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+                raise click.BadParameter(f"-e {item}: {exc}") from None
+            out.update(_mapping(data, f"-e {item}"))
+        elif item.lstrip()[:1] in ("{", "["):
+            try:
+                data = yaml.safe_load(item)
+            except yaml.YAMLError as exc:
+                raise click.BadParameter(f"-e {item!r}: not JSON/YAML: {str(exc).splitlines()[0]}") from None
+            out.update(_mapping(data, f"-e {item!r}"))
         else:
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE or @FILE")
+            out.update(_key_values(item))
+    return out
+
+
+def _mapping(data: Any, what: str) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{what}: expected a mapping of variables")
+    return {str(k): v for k, v in data.items()}
+
+
+def _key_values(item: str) -> dict[str, str]:
+    import shlex
+
+    try:
+        words = shlex.split(item)
+    except ValueError as exc:
+        raise click.BadParameter(f"-e {item!r}: {exc}") from None
+    out: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"-e {item!r}: {word!r} is not KEY=VALUE (or give JSON, or @FILE)")
+        out[key.strip()] = value
     return out
 
 

@@ -10,6 +10,7 @@ import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
+from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
 from fleetctl.transport.base import HostResult, Status
 
@@ -29,6 +30,7 @@ break_lock_option = click.option(
               "switching; a later deploy of SPEC there only switches, restarts and gates.")
 @break_lock_option
 @rollout_options
+@yes_option
 @host_options
 @click.pass_obj
 def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool,
@@ -41,6 +43,10 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
 
     spec = load_spec(spec_path)
     loaded = core.load_patches(spec)
+    if not check:  # a check changes nothing: no target needed, no question
+        approve(app, "deploy", f"deploy {spec.release_id}" + (" (--stage: build and verify, no switch)" if stage
+                else " (build, switch, restart, health gates, roll back on failure)"),
+                rollout.serial, rollout.group_var or spec.model.service.node_group)
     holder = who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
     with app.fleet() as fleet:
         from fleetctl.release.nodegroups import annotate
@@ -62,9 +68,10 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
 
 def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
                check: bool = False) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
-    """``fn`` on every host: at once, or with ``--serial`` in batches under the failure budget (the
-    playbook rollout's planner, ``release/batched.py``); the halt and the journal, when batched."""
-    if not rollout.batched or check:
+    """``fn`` on every host: at once (one batch), or with ``--serial`` in batches under the failure
+    budget (the playbook rollout's planner, ``release/batched.py``); journaled either way (a check,
+    which changes nothing, is not); the halt and the journal."""
+    if check:
         return fleet.map(fn), {}
     from fleetctl.release.batched import run_batched, skipped_results
 
@@ -152,6 +159,7 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 @click.option("--check", is_flag=True, help="Name each host's target release; switch nothing.")
 @break_lock_option
 @rollout_options
+@yes_option
 @host_options
 @click.pass_obj
 def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break_lock: bool, rollout: Any) -> int:
@@ -161,6 +169,9 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
     from fleetctl.release.hostlock import who
     from fleetctl.release.manage import rollback_host
 
+    if not check:  # a check changes nothing: no target needed, no question
+        approve(app, "rollback", f"rollback to {to or 'the previous release'} (switch and restart, no reinstall)",
+                rollout.serial, rollout.group_var)
     holder = who(f"fleetctl rollback {to or ''}".strip())
     with app.fleet() as fleet:
         results, halted = in_batches(app, fleet, rollout, holder["command"],
@@ -249,6 +260,7 @@ def list_releases(app: AppContext) -> int:
 
 @releases.command(name="remove")
 @click.argument("release_id", metavar="RELEASE_ID")
+@yes_option
 @host_options
 @click.pass_obj
 def remove_release(app: AppContext, release_id: str) -> int:
@@ -258,6 +270,7 @@ def remove_release(app: AppContext, release_id: str) -> int:
     from fleetctl.release.identity import remove_release as remove
     from fleetctl.release.service import layout_for
 
+    approve(app, "releases remove", f"remove release {release_id} (never the current or previous one)")
     holder = who(f"fleetctl releases remove {release_id}")
 
     def one(ctx: Any) -> dict[str, Any]:

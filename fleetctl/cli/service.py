@@ -8,6 +8,7 @@ import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
+from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
 
 
@@ -21,6 +22,7 @@ def _command(op: str, doc: str) -> click.Command:
     @click.option("--timeout", type=float, default=300.0, show_default=True,
                   help="Seconds each started server has to answer /health.")
     @rollout_options
+    @yes_option
     @host_options
     @click.pass_obj
     def command(app: AppContext, instance: str | None, timeout: float, rollout: Any) -> int:
@@ -43,13 +45,16 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
     from fleetctl.release.service_ops import service_host
 
     command = " ".join(["fleetctl service", op, *([instance] if instance else [])])
+    if op != "status":
+        approve(app, f"service {op}", f"service {op} {instance or 'every server'} (each must answer /health)"
+                if op != "stop" else f"service stop {instance or 'every server'}", rollout.serial, rollout.group_var)
     holder = who(command)
     halted, journal = None, None
     with app.fleet(read_only=op == "status") as fleet:
         def one(ctx: Any) -> Any:
             return service_host(ctx, op, instance, holder, timeout)
 
-        if rollout.batched and op != "status":
+        if op != "status":  # journaled, in one batch or in --serial's
             run = run_batched(fleet, one, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
                               app.inventory.folder)
             results, halted, journal = skipped_results(run), run.halted, run.journal

@@ -1,5 +1,6 @@
 """Commands run host by host in batches with a failure budget: ``deploy``/``rollback --serial`` and
-``fleetctl service``. One code path with playbooks: the batches and the budgets are
+``fleetctl service`` (without ``--serial`` every host is one batch, journaled the same way). One
+code path with playbooks: the batches and the budgets are
 ``playbook/rollout.py``'s (``batches``, ``Budget``), so ``--serial 1 --serial 50%`` means exactly
 what ``serial: [1, "50%"]`` means in a play, and a grouping variable keeps a multi-node server's
 hosts in one batch. Every batch and host start and end is an event in a run journal under
@@ -8,6 +9,7 @@ hosts in one batch. Every batch and host start and end is an event in a run jour
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,25 +55,31 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
     plan = rollout.batches(names, list(how.serial) or None, rollout.group_of(fleet, how.group_var))
     journal = Journal.create(runs_dir(inventory_folder), Path(command.split()[1] if " " in command else command),
                              Redactor.for_hosts(ctx.vars for ctx in fleet.contexts.values()))
-    journal.event("run_start", playbook=command, check=False, hosts=names, serial=list(how.serial))
+    journal.event("run_start", run_id=journal.run_id, playbook=command, check=False, hosts=names,
+                  serial=list(how.serial))
     run = BatchedRun({}, plan, journal=str(journal.path))
     failed_total = 0
     try:
         for b, batch in enumerate(plan):
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
-            results = fleet.map(lambda ctx: _journaled(journal, ctx, fn), names=batch)
+            results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command),
+                                names=batch)
             failed = [h for h in batch if not ok(results[h])]
             for host in batch:
                 res = results[host]
-                journal.event("host_done", play=0, host=host, status="ok" if ok(res) else "failed",
+                status = "ok" if ok(res) else "failed"
+                journal.event("task_result", play=0, batch=b + 1, host=host, name=command, status=status,
                               msg=res.reason or "")
+                journal.event("host_done", play=0, host=host, status=status, msg=res.reason or "")
+            journal.event("batch_end", play=0, batch=b + 1, failed=failed)
             run.results.update(results)
             failed_total += len(failed)
             why = how.budget.exceeded(len(failed), len(batch), failed_total)
             if why and b + 1 < len(plan):
                 run.halted = f"{why}: stopped after batch {b + 1} of {len(plan)}"
                 run.skipped = [h for rest in plan[b + 1:] for h in rest]
-                journal.event("halted", play=0, batch=b + 1, why=run.halted, skipped=run.skipped)
+                journal.event("halted", play=0, batch=b + 1, why=run.halted, skipped=run.skipped,
+                              not_started=run.skipped, on_failure="stop")
                 break
     finally:
         recap = {h: {"ok": int(ok(r)), "failed": int(not ok(r))} for h, r in run.results.items()}
@@ -81,8 +89,8 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
     return run
 
 
-def _journaled(journal: Journal, ctx: HostContext, fn: Callable[[HostContext], T]) -> T:
-    journal.event("task_start", play=0, host=ctx.name, name="host", started=time.time())
+def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str) -> T:
+    journal.event("task_start", play=0, batch=batch, host=ctx.name, name=command, started=time.time())
     return fn(ctx)
 
 
