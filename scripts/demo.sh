@@ -111,6 +111,11 @@ step "Two servers on lab1, each its own supervised unit, restarted and gated in 
   s -l lab1 -y deploy "$DEMO/pair.yml"
 step "Status shows each server" s -l lab1 status
 step "Each server's log (fleetctl logs [INSTANCE])" s -l lab1 logs -n 2
+sed -i 's/tp_size: 4/tp_size: 2/' "$SIZED"  # day 2: lab1's tp_size changed in the inventory
+step "Day-2: an inventory change (lab1 tp_size 4 -> 2) is a reconfiguration of the serving release, not a new one" \
+  s -l lab1 deploy "$DEMO/pair.yml" --check --diff
+step "Applied: rewritten, restarted and gated in place (a failure would restore the configuration that served)" \
+  s -l lab1 -y deploy "$DEMO/pair.yml"
 step "Day-2: restart the fleet's servers one host at a time, stopping at the first failure" \
   s -l 'lab:!lab4' -y service restart --serial 1
 step "Every run is journaled beside the inventory" f runs list
