@@ -60,11 +60,11 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
         return TaskResult(changed=not result.staged, data=data,
                           msg=f"staged {result.release_id} ({how}, {result.verified} files verified, not switched)"
                               f"{note}")
-    if mc.check:
-        changed = result.previous != spec.release_id
+    if mc.check:  # deploy_host's own plan (plan_switch): what the real run then does
+        action = "stage" if staging else result.plan
+        changed = result.previous != spec.release_id if staging else result.plan != "unchanged"
         diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
-        return TaskResult(changed=changed, msg=f"would {'stage' if staging else 'deploy'} {spec.release_id}" if changed
-                          else "unchanged",
+        return TaskResult(changed=changed, msg=f"would {action} {spec.release_id}" if changed else "unchanged",
                           diff=diff, data=data)
     if result.outcome == "unchanged":
         return TaskResult(msg=f"{spec.release_id} already current and running", data=data,
@@ -76,8 +76,16 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
         return TaskResult(changed=True, msg=f"deployed {result.release_id}{how} (was {result.previous or 'none'})"
                                             f"{extra}",
                           data=data, release=spec.release_id)
+    if result.outcome == "reconfigured":
+        return TaskResult(changed=True, msg=f"reconfigured {result.release_id} ({', '.join(result.changed)})",
+                          data=data, release=spec.release_id)
     gate = result.failed_gate()
     why = f"health gate failed: {gate.name}: {gate.detail}" if gate else result.outcome
+    if result.restart_error:
+        why = f"restart failed: {result.restart_error}"
+    if result.outcome == "config-restored":  # the release stays; its configuration that served is back
+        return TaskResult(changed=True, failed=True, data=data, release=spec.release_id,
+                          msg=f"{why}; {result.release_id} back on the configuration that served")
     if result.outcome == "rolled-back":
         return TaskResult(changed=True, failed=True, rolled_back=True, data=data, release=result.previous,
                           msg=f"{why}; rolled back to {result.previous}")
