@@ -53,7 +53,7 @@ step "What is kept" f connections list
 step "Close them now (they also close after 60 s idle)" f connections stop
 
 R=playbooks/releases
-step "The release every host runs today (the one a rollback returns to)" f -l all -y deploy $R/sglang-0.5.23-lab.yml
+step "The release every host runs today (the one a rollback returns to)" f -l all deploy -y $R/sglang-0.5.23-lab.yml
 DEPLOY=(run $P/deploy-ddtree.yml -e target=lab -e release_spec=releases/ddtree-sglang-0.5.23-lab.yml)
 step "Plan the DDTree rollout: patches applied in memory to each host's own files, nothing written" \
   f "${DEPLOY[@]}" --check
@@ -74,10 +74,10 @@ export FLEETCTL_SSH_CONFIG="$PWD/$DEMO/ssh_config"
 printf '$ cat %s\n' "$DEMO/ssh_config"; cat "$DEMO/ssh_config"
 g() { $F -i "$DEMO/fleetop.yml" "$@"; }
 step "Without --become fleetop may read but not change: refused before anything is written" \
-  g -l all -y deploy $R/ddtree-sglang-0.5.23-lab.yml
-step "With --become the agent starts under sudo: deploy" g -b -l all -y deploy $R/ddtree-sglang-0.5.23-lab.yml
-step "Who ran it: the login user, and the user sudo gave" g -b -l all -y shell 'echo "login $SUDO_USER, running as $(id -un)"'
-step "One-step rollback, as fleetop with sudo" g -b -l all -y rollback
+  g -l all deploy -y $R/ddtree-sglang-0.5.23-lab.yml
+step "With --become the agent starts under sudo: deploy" g -b -l all deploy -y $R/ddtree-sglang-0.5.23-lab.yml
+step "Who ran it: the login user, and the user sudo gave" g -b -l all shell -y 'echo "login $SUDO_USER, running as $(id -un)"'
+step "One-step rollback, as fleetop with sudo" g -b -l all rollback -y
 step "Status through the alias" g status
 unset FLEETCTL_SSH_CONFIG
 say "Per-host launch args: one spec, lab1 an H200 pair (two TP4 servers), lab2 and lab3 one TP8 server"
@@ -108,16 +108,16 @@ printf '$ cat %s\n' "$DEMO/pair.yml"; cat "$DEMO/pair.yml"
 step "The rendered commands differ per host (--tp from each host's tp_size), the release id does not" \
   s -l lab1,lab2 deploy "$DEMO/pair.yml" --check --diff
 step "Two servers on lab1, each its own supervised unit, restarted and gated in order" \
-  s -l lab1 -y deploy "$DEMO/pair.yml"
+  s -l lab1 deploy -y "$DEMO/pair.yml"
 step "Status shows each server" s -l lab1 status
 step "Each server's log (fleetctl logs [INSTANCE])" s -l lab1 logs -n 2
 sed -i 's/tp_size: 4/tp_size: 2/' "$SIZED"  # day 2: lab1's tp_size changed in the inventory
 step "Day-2: an inventory change (lab1 tp_size 4 -> 2) is a reconfiguration of the serving release, not a new one" \
   s -l lab1 deploy "$DEMO/pair.yml" --check --diff
 step "Applied: rewritten, restarted and gated in place (a failure would restore the configuration that served)" \
-  s -l lab1 -y deploy "$DEMO/pair.yml"
+  s -l lab1 deploy -y "$DEMO/pair.yml"
 step "Day-2: restart the fleet's servers one host at a time, stopping at the first failure" \
-  s -l 'lab:!lab4' -y service restart --serial 1
+  s -l 'lab:!lab4' service restart -y --serial 1
 step "Every run is journaled beside the inventory" f runs list
 step "The fleet at a glance: release, service, drift, GPU health and the last run per host, one page" \
   f report --venv /root/ml-env --skip unsatisfied --output "$DEMO/fleet.html"
