@@ -110,7 +110,8 @@ def test_check_mode_starts_no_job(inv: Path, tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.parametrize(("task", "expected"), [
-    ({"copy": {"content": "x", "dest": "/tmp/x"}, "async": 10}, "async: runs command and shell tasks as host jobs"),
+    ({"copy": {"content": "x", "dest": "/tmp/x"}, "async": 10},
+     "async: runs command, get_url, shell tasks as host jobs, not copy"),
     ({"shell": "true", "poll": 5}, "poll: needs `async`"),
     ({"shell": "true", "async": 0}, "async: Input should be greater than 0"),
 ])
@@ -119,3 +120,25 @@ def test_async_that_cannot_work_is_refused_at_load(inv: Path, tmp_path: Path, ca
     r = run(capsys, inv, tmp_path, [task])
     assert r.rc == 3
     assert "book.yml:" in r.err and expected in r.err, r.err
+
+
+def test_get_url_as_a_job(inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"w" * 100_000)
+    url, dest = f"file://{src}", tmp_path / "dest.bin"
+    r = run(capsys, inv, tmp_path, [
+        {"name": "waited", "get_url": {"url": url, "dest": str(dest), "mode": "0640"}, "async": 60, "poll": 1,
+         "register": "g"},
+        {"name": "again", "get_url": {"url": url, "dest": str(dest)}, "async": 60, "poll": 0, "register": "j"},
+        {"name": "status", "async_status": {"jid": "{{ j.ansible_job_id }}"}, "register": "s",
+         "until": "s.finished", "retries": 300, "delay": 0.2},
+        {"name": "bad sum", "get_url": {"url": url, "dest": str(tmp_path / "other.bin"), "checksum": "sha256:00"},
+         "async": 60, "poll": 1, "ignore_errors": True},
+        {"name": "seen", "assert": {"that": ["g is changed", "g.size == 100000", "s is not changed"]}},
+    ])
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert dest.read_bytes() == src.read_bytes() and stat.S_IMODE(dest.stat().st_mode) == 0o640
+    got = results(r)
+    assert got["bad sum"]["status"] == "ignored"
+    assert got["bad sum"]["msg"].startswith(f"the checksum for {url} did not match 00"), got["bad sum"]["msg"]
+    assert not (tmp_path / "other.bin").exists()

@@ -3,9 +3,10 @@
 # over short calls (Ansible's async_wrapper and ~/.ansible_async, in fleetctl's state dir).
 #
 # Stdlib only, Python >= 3.8. params: {action, jid, dir}; action "start" adds {command (a shell
-# line), timeout (seconds, the job's limit), code (this module's inline source, run as the job's
+# line; with kind "python", Python code run by this interpreter, its input on stdin), timeout
+# (seconds, the job's limit), code (this module's inline source, run as the job's
 # runner)}. The job file DIR/JID.json (0600 in a 0700 folder, replaced atomically) holds
-# {ansible_job_id, started, finished, pid, pgid} and, once finished, {rc, stdout, stderr, failed, msg,
+# {ansible_job_id, started, finished, pid, pgid, kind} and, once finished, {rc, stdout, stderr, failed, msg,
 # start, end, delta}. The runner is started through an intermediate process that exits at once
 # (a double fork), in a session of its own: the agent and the SSH session may end before the job.
 # The job's command runs in its own process group, killed whole at the time limit.
@@ -75,7 +76,8 @@ def main(params):
 def _start(params, jid, path):
     record = {"ansible_job_id": jid, "started": 1, "finished": 0, "results_file": path, "pid": None, "pgid": None}
     _save(path, record)  # before the runner starts: a status asked at once finds the job
-    spec = {"jid": jid, "path": path, "command": params["command"], "timeout": params["timeout"]}
+    spec = {"jid": jid, "path": path, "command": params["command"], "timeout": params["timeout"],
+            "kind": params.get("kind") or "shell", "input": params.get("input")}
     _save(path[:-5] + ".spec", spec)  # the command may hold secrets: not in the runner's argv
     code = params["code"] + ";run_job(%r)" % (path[:-5] + ".spec")
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCH, code, ""], stdin=subprocess.DEVNULL,
@@ -103,10 +105,18 @@ def run_job(spec_path):
     out_path, err_path = path[:-5] + ".out", path[:-5] + ".err"
     started = time.time()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec["command"]], stdin=subprocess.DEVNULL, stdout=out,
+        argv = ["/bin/sh", "-c", spec["command"]] if spec["kind"] == "shell" else [sys.executable, "-c", spec["command"]]
+        given = spec.get("input")  # a module's parameters (a URL may carry a token): on stdin, not in argv
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if given else subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True, close_fds=True)
+    if given:
+        try:
+            proc.stdin.write(given.encode())
+            proc.stdin.close()
+        except (IOError, OSError):
+            pass  # the job ended before reading: its exit status says why
     record = {"ansible_job_id": spec["jid"], "started": 1, "finished": 0, "results_file": path,
-              "pid": os.getpid(), "pgid": proc.pid}
+              "pid": os.getpid(), "pgid": proc.pid, "kind": spec["kind"]}
     _save(path, record)
     try:
         rc = proc.wait(timeout=limit)

@@ -1,5 +1,5 @@
-"""Ansible's ``async``/``poll`` task keywords and its ``async_status`` module, for ``shell`` and
-``command``: a long command runs detached on the host (``remote/async_job.py``), so no SSH channel
+"""Ansible's ``async``/``poll`` task keywords and its ``async_status`` module, for ``shell``,
+``command`` and ``get_url``: a long command runs detached on the host (``remote/async_job.py``), so no SSH channel
 stays open for its whole length; the controller reads the job's file over short calls.
 
 ``async: N`` is the job's time limit in seconds: past it the job's process group is killed and the
@@ -12,6 +12,7 @@ module runs as in check mode itself (``shell``/``command`` are skipped, as Ansib
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -21,9 +22,13 @@ from fleetctl import hostpaths
 from fleetctl.playbook.modules.base import Args, Module, ModuleContext, TaskResult, module
 from fleetctl.playbook.modules.command import CommandArgs, ShellArgs, as_shell, shell_line, shell_result
 from fleetctl.playbook.modules.files import remote_call
+from fleetctl.playbook.modules.hostget import GetUrlArgs, get_url_params, get_url_result
 from fleetctl.transport.agent import _inline_code
 
-ASYNC_MODULES = frozenset({"shell", "command"})
+ASYNC_MODULES = frozenset({"shell", "command", "get_url"})
+# get_url as a job: remote/get_url.py's main, its parameters read from stdin, its answer printed.
+_GET_URL_CALL = ("\nimport json,sys\ntry:\n    print(json.dumps(main(json.loads(sys.stdin.read()))))\n"
+                 "except GetUrlError as exc:\n    sys.exit(str(exc))\n")  # its refusal: one line on stderr
 TIMED_OUT = "async task did not complete within the requested time - {}s"
 
 
@@ -32,7 +37,7 @@ def load_problem(module_name: str, options: Any) -> tuple[str, str] | None:
     if options.async_ is None:
         return ("poll", "poll: needs `async` (the job's time limit in seconds)") if options.poll is not None else None
     if module_name not in ASYNC_MODULES:
-        return "async", f"async: runs {' and '.join(sorted(ASYNC_MODULES))} tasks as host jobs, not {module_name}"
+        return "async", f"async: runs {', '.join(sorted(ASYNC_MODULES))} tasks as host jobs, not {module_name}"
     return None
 
 
@@ -48,15 +53,23 @@ def run_async(mc: ModuleContext, mod: Module, args: Args, limit: int, poll: int 
     """The task as a detached host job: waited for (``poll`` > 0) or left running (``poll: 0``)."""
     if mc.check:
         return mod.fn(mc, args)
-    line = shell_line(mc, as_shell(args) if isinstance(args, CommandArgs) else cast(ShellArgs, args))
-    if isinstance(line, TaskResult):  # creates / removes
-        return line
+    job = _job(mc, args)
+    if isinstance(job, TaskResult):  # creates / removes
+        return job
     jid = f"j{secrets.randbelow(10 ** 12)}.{os.getpid()}"
-    started = _call(mc, "start", jid, command=line, timeout=limit,
-                    code=_inline_code("async_job", "fleetctl_async_job"))
+    started = _call(mc, "start", jid, **job, timeout=limit, code=_inline_code("async_job", "fleetctl_async_job"))
     if poll == 0:
         return TaskResult(changed=True, msg=f"started job {jid}", data=_job_keys(started))
     return _wait(mc, jid, limit, 15 if poll is None else poll)
+
+
+def _job(mc: ModuleContext, args: Args) -> dict[str, Any] | TaskResult:
+    """What the host job runs: a shell line, or get_url's host code with its parameters."""
+    if isinstance(args, GetUrlArgs):
+        code = _inline_code("get_url", "fleetctl_get_url") + _GET_URL_CALL
+        return {"kind": "python", "command": code, "input": json.dumps(get_url_params(mc, args))}
+    line = shell_line(mc, as_shell(args) if isinstance(args, CommandArgs) else cast(ShellArgs, args))
+    return line if isinstance(line, TaskResult) else {"kind": "shell", "command": line}
 
 
 def _wait(mc: ModuleContext, jid: str, limit: int, poll: int) -> TaskResult:
@@ -82,7 +95,19 @@ def job_result(record: dict[str, Any]) -> TaskResult:
         return TaskResult(changed=True, failed=True, msg=record.get("msg") or "job ended without an exit status",
                           data={**_job_keys(record), "rc": None, "stdout": record.get("stdout", ""),
                                 "stderr": record.get("stderr", "")})
+    if record.get("kind") == "python":
+        return _python_result(record)
     res = shell_result(record["rc"], record.get("stdout", ""), record.get("stderr", ""), record.get("delta", 0.0))
+    res.data.update(_job_keys(record))
+    return res
+
+
+def _python_result(record: dict[str, Any]) -> TaskResult:
+    """get_url's job: its answer (the last line it printed), or its refusal (the last line of its error)."""
+    if record["rc"] != 0:
+        why = (record.get("stderr") or "").strip().splitlines()[-1:] or [f"exit {record['rc']}"]
+        return TaskResult(failed=True, msg=why[0][:300], data=_job_keys(record))
+    res = get_url_result(json.loads(record["stdout"].strip().splitlines()[-1]))
     res.data.update(_job_keys(record))
     return res
 
