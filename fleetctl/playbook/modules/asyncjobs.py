@@ -73,7 +73,8 @@ def _job(mc: ModuleContext, args: Args) -> dict[str, Any] | TaskResult:
 
 
 def _wait(mc: ModuleContext, jid: str, limit: int, poll: int) -> TaskResult:
-    """Poll the job until it ends, or kill it once its time limit has passed here too."""
+    """Poll the job until it ends, or kill it once its time limit has passed here too. Ctrl-C does not
+    wait for the job: the task fails at once and the job runs on to its own limit."""
     deadline = time.monotonic() + limit
     while True:
         record = _call(mc, "status", jid)
@@ -82,7 +83,9 @@ def _wait(mc: ModuleContext, jid: str, limit: int, poll: int) -> TaskResult:
         if record.get("finished"):
             _call(mc, "cleanup", jid)  # as Ansible: a job it waited for leaves no file behind
             return job_result(record)
-        time.sleep(max(0, min(poll, deadline - time.monotonic())) or 0.2)
+        if not mc.run.operator.wait(max(0.0, min(poll, deadline - time.monotonic())) or 0.2):
+            return TaskResult(failed=True, msg=f"the run stopped while job {jid} runs on (its limit: {limit}s); "
+                                               f"async_status jid={jid} reads it", data=_job_keys(record))
 
 
 def _job_keys(record: dict[str, Any]) -> dict[str, Any]:
