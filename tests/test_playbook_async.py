@@ -94,7 +94,8 @@ def test_fire_and_forget_then_async_status_until_finished(inv: Path, tmp_path: P
     assert stat.S_IMODE(job.stat().st_mode) == 0o600 and stat.S_IMODE(job.parent.stat().st_mode) == 0o700
     assert json.loads(job.read_text())["finished"] == 1
     jid = job.stem
-    r = run(capsys, inv, tmp_path, [{"name": "cleanup", "async_status": {"jid": jid, "mode": "cleanup"}}])
+    cleanup = {"name": "cleanup", "ansible.builtin.async_status": {"jid": jid, "mode": "cleanup"}}  # FQCN too
+    r = run(capsys, inv, tmp_path, [cleanup])
     assert r.rc == 0, r.out[-3000:] + r.err
     assert jobs(tmp_path) == []
     r = run(capsys, inv, tmp_path, [{"name": "gone", "async_status": {"jid": jid}}])
