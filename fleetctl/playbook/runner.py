@@ -39,7 +39,7 @@ from fleetctl.playbook import (
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.interact import Operator
-from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult
+from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult, asyncjobs
 from fleetctl.playbook.schema import Play, Playbook, Task
 from fleetctl.templating import filters
 from fleetctl.transport.base import HostResult, Status
@@ -451,6 +451,9 @@ class Runner:
         check = self.options.check if task.options.check_mode is None else task.options.check_mode
         mc = ModuleContext(ctx, variables, check, self.options.diff, self.playbook.path.parent,
                            self.services, env, task.role_dir)
+        if task.options.async_:  # a detached host job (modules/asyncjobs.py)
+            done = asyncjobs.run_async(mc, task.module, args, task.options.async_, task.options.poll)
+            return outcome.apply(task, variables, done, where)
         return outcome.apply(task, variables, task.module.fn(mc, args), where)
 
     def as_release(self, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:

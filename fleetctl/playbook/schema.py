@@ -22,13 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fleetctl import yamlfile
 from fleetctl.playbook import fqcn
 from fleetctl.playbook.approval import Approval
-from fleetctl.playbook.modules import MODULES, Module
+from fleetctl.playbook.modules import MODULES, Module, asyncjobs
 from fleetctl.templating import TemplateProblem, check_expression, check_syntax, is_template
 from fleetctl.vault import Vault
 
 TASK_KEYS = ("name", "when", "register", "tags", "ignore_errors", "retries", "delay", "until", "become",
              "become_user", "delegate_to", "run_once", "loop", "with_items", "loop_control", "notify",
-             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars", "check_mode")
+             "changed_when", "failed_when", "no_log", "environment", "args", "listen", "vars", "check_mode",
+             "async", "poll")
 BLOCK_KEYS = ("block", "rescue", "always", "name", "when", "tags", "become", "become_user", "delegate_to",
               "run_once", "check_mode")
 OnFailure = Literal["halt", "rollback_failed", "rollback_all"]
@@ -161,6 +162,8 @@ class TaskOptions(BaseModel):
     environment: dict[str, str | int | float | bool] = Field(default_factory=dict)
     vars: dict[str, Any] = Field(default_factory=dict)  # the task's own variables (above the play's)
     check_mode: bool | None = None  # true: always a dry run; false: runs for real under --check (Ansible's)
+    async_: int | None = Field(default=None, alias="async", gt=0)  # modules/asyncjobs.py: a detached host job
+    poll: int | None = Field(default=None, ge=0)  # its check interval (None: 15 s); 0: not waited for
 
     @field_validator("tags", "notify", "listen", mode="before")
     @classmethod
@@ -298,6 +301,8 @@ def parse_task(doc: yamlfile.YamlDoc, at: tuple[Any, ...], raw: Any, index: int,
     if mod.run_once:  # pause: once per batch, whatever the task says
         options = options.model_copy(update={"run_once": True})
     args = _module_args(doc, at, mod, raw[name])
+    if problem := asyncjobs.load_problem(name, options):
+        raise doc.error(at + (problem[0],), problem[1])
     for key, value in (("name", options.name), ("until", options.until)):
         if value is not None:
             _check_one(doc, at + (key,), value, expression=key == "until")

@@ -1,6 +1,7 @@
 """Every playbook module, registered in ``base.MODULES`` by importing its file."""
 
 from fleetctl.playbook.modules import (  # noqa: F401  (imported to register the modules)
+    asyncjobs,
     command,
     drift,
     files,

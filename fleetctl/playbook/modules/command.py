@@ -37,6 +37,16 @@ class ShellArgs(Args):
 @module("shell", ShellArgs, free_form="cmd")
 def shell(mc: ModuleContext, args: ShellArgs) -> TaskResult:
     """Run a command line with the host's shell. Check mode runs nothing (skipped), as Ansible."""
+    line = shell_line(mc, args)
+    if isinstance(line, TaskResult):
+        return line
+    res = mc.session.run(line, timeout=args.timeout)
+    return shell_result(res.rc, res.stdout, res.stderr, res.duration_s)
+
+
+def shell_line(mc: ModuleContext, args: ShellArgs) -> str | TaskResult:
+    """The command line the task runs (chdir, environment), or why it is skipped (creates, removes,
+    check mode); ``async`` runs the same line detached."""
     if args.creates:
         probe = mc.session.run(f"test -e {shlex.quote(args.creates)}", timeout=30)
         if probe.rc == 0:
@@ -50,14 +60,18 @@ def shell(mc: ModuleContext, args: ShellArgs) -> TaskResult:
     command = f"cd {shlex.quote(args.chdir)} && {args.cmd}" if args.chdir else args.cmd
     if mc.environment:  # the task's `environment`, each name checked and each value quoted
         command = with_environment(mc.environment, command)
-    res = mc.session.run(command, timeout=args.timeout)
-    out, err = res.stdout[-OUTPUT_KEEP:], res.stderr[-OUTPUT_KEEP:]
-    data = {"rc": res.rc, "stdout": out.rstrip("\n"), "stderr": err.rstrip("\n"),  # Ansible strips the last newline
-            "duration_s": round(res.duration_s, 3), "stdout_lines": out.splitlines(), "stderr_lines": err.splitlines()}
-    if res.rc != 0:
-        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
-        return TaskResult(changed=True, failed=True, msg=f"exit {res.rc}: {tail[0][:300]}", data=data)
-    return TaskResult(changed=True, msg=res.stdout.strip().splitlines()[-1][:200] if res.stdout.strip() else "",
+    return command
+
+
+def shell_result(rc: int, stdout: str, stderr: str, duration_s: float) -> TaskResult:
+    """A command's exit status and output as the task's result (``rc``, ``stdout``, ``stderr``...)."""
+    out, err = stdout[-OUTPUT_KEEP:], stderr[-OUTPUT_KEEP:]
+    data = {"rc": rc, "stdout": out.rstrip("\n"), "stderr": err.rstrip("\n"),  # Ansible strips the last newline
+            "duration_s": round(duration_s, 3), "stdout_lines": out.splitlines(), "stderr_lines": err.splitlines()}
+    if rc != 0:
+        tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or [""]
+        return TaskResult(changed=True, failed=True, msg=f"exit {rc}: {tail[0][:300]}", data=data)
+    return TaskResult(changed=True, msg=stdout.strip().splitlines()[-1][:200] if stdout.strip() else "",
                       data=data)
 
 
@@ -86,9 +100,12 @@ class CommandArgs(Args):
 @module("command", CommandArgs, free_form="argv")
 def command(mc: ModuleContext, args: CommandArgs) -> TaskResult:
     """Run a program with its arguments, no shell in between (each word quoted); else as ``shell``."""
-    line = shlex.join(args.argv)
-    return shell(mc, ShellArgs(cmd=line, chdir=args.chdir, creates=args.creates, removes=args.removes,
-                               timeout=args.timeout))
+    return shell(mc, as_shell(args))
+
+
+def as_shell(args: CommandArgs) -> ShellArgs:
+    return ShellArgs(cmd=shlex.join(args.argv), chdir=args.chdir, creates=args.creates, removes=args.removes,
+                     timeout=args.timeout)
 
 
 class AssertArgs(Args):

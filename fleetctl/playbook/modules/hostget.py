@@ -73,8 +73,15 @@ def get_url(mc: ModuleContext, args: GetUrlArgs) -> TaskResult:
     """Download ``url`` on the host to ``dest`` (a file, or a folder for the URL's file name), with
     ``mode``; ``checksum: sha256:HEX`` is verified before the file is put in place, and an existing
     dest whose checksum matches is kept without a download; ``force`` downloads again."""
-    params: dict[str, Any] = {"url": args.url, "dest": args.dest, "checksum": args.checksum, "force": args.force,
-                              "timeout": args.timeout, "check": mc.check,
-                              "mode": parse_mode(args.mode) if args.mode else None}
-    got = remote_call(mc, "get_url", "GetUrlError", params)
+    got = remote_call(mc, "get_url", "GetUrlError", get_url_params(mc, args))
+    return get_url_result(got)
+
+
+def get_url_params(mc: ModuleContext, args: GetUrlArgs) -> dict[str, Any]:
+    """What the host side (remote/get_url.py) is given; ``async`` runs it as a host job."""
+    return {"url": args.url, "dest": args.dest, "checksum": args.checksum, "force": args.force,
+            "timeout": args.timeout, "check": mc.check, "mode": parse_mode(args.mode) if args.mode else None}
+
+
+def get_url_result(got: dict[str, Any]) -> TaskResult:
     return TaskResult(changed=bool(got["changed"]), msg=f"{got['dest']}: {got['msg']}", data=got)
