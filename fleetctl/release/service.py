@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jinja2 import TemplateError
+
 from fleetctl import hostpaths, templating
 from fleetctl.errors import InputError
 from fleetctl.release.instances import ServerInstance, merge_args
@@ -132,10 +134,14 @@ def render_vars(spec: ReleaseSpec, layout: HostLayout) -> Mapping[str, object]:
 def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
     """One spec value rendered as playbooks render (fleetctl.templating): the host's variables
     templated lazily (a group_vars value that is a template is rendered too), ``lookup`` and filters."""
-    try:
-        return str(templating.render(value, host_vars or {}))
+    if not templating.is_template(value):
+        return value
+    try:  # text, as the value lands in a command line or an env file: "{{ gpus }}" of "0,1" stays "0,1"
+        return templating.render_text(value, host_vars or {})
     except templating.TemplateProblem as exc:
         raise InputError(f"{spec.path}: {key}: {exc}") from None
+    except TemplateError as exc:
+        raise InputError(f"{spec.path}: {key}: {exc.message or exc}") from None
 
 
 def _quote(value: str) -> str:
