@@ -111,8 +111,10 @@ def test_account_files_are_private_to_each_host(lab_fleet: LabHandle) -> None:
         assert LAB_USER not in Path("/etc/passwd").read_text()
         assert lab_fleet.ssh("lab1", "ls /home").stdout.split() == [LAB_USER]
     finally:
+        # Grouped: `a || b && c` runs c after a succeeded too, and `cat /tmp/p > /etc/passwd` with no
+        # /tmp/p emptied lab1's passwd (root could no longer log in: the next tests' ssh failed at kex).
         lab_fleet.ssh("lab1", f"sed -i '/^{user}:/d' /etc/passwd 2>/dev/null || "
-                              f"grep -v '^{user}:' /etc/passwd > /tmp/p && cat /tmp/p > /etc/passwd")
+                              f"{{ grep -v '^{user}:' /etc/passwd > /tmp/p && cat /tmp/p > /etc/passwd; }}")
 
 
 def _sudo(lab: LabHandle, host: str, password: str | None) -> tuple[int, str]:
