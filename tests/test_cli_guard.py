@@ -157,9 +157,12 @@ def test_the_plan_names_the_release_and_its_batches(local: Path, tmp_path: Path,
     assert not (tmp_path / ".fleetctl").exists()  # no journal: nothing started
 
 
-def test_yes_does_not_ask(local: Path, tmp_path: Path, ttys: list[Tty]) -> None:
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_yes_does_not_ask(local: Path, tmp_path: Path, ttys: list[Tty], where: str) -> None:
+    """--yes after the command, or before it as pyinfra's -y goes (a global option too)."""
     marker = tmp_path / "ran"
-    t = Tty(["-i", str(local), "shell", "--yes", "-l", "one", f"echo y >> {marker}"], tmp_path)
+    argv = ["shell", "--yes"] if where == "after" else ["--yes", "shell"]
+    t = Tty(["-i", str(local), *argv, "-l", "one", f"echo y >> {marker}"], tmp_path)
     ttys.append(t)
     assert t.finish() == 0, t.seen
     assert "[y/N]" not in t.seen

@@ -152,3 +152,30 @@ def test_rollback_goes_back_once_and_never_onto_a_rejected_release(
     assert fwd.rc == 0, fwd.out + fwd.err
     for host in lab.hosts:
         assert_whole(lab, host, idb, base=TINY_BASE)
+
+
+def test_reconfigure_and_restore_as_a_non_root_operator_with_become(
+        scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fleetop (sudo) with -b: the configuration is rewritten and restored as root writes it (service.env
+    root's and 0600, the kept copy of what served too), and the server runs what was planned."""
+    lab = scratch_lab
+    spec = write_spec(tmp_path, "tuned", TUNED, base=TINY_BASE, sglang=False)
+    tiny_releases(lab, tmp_path, [])
+    rid = load_spec(spec).release_id
+
+    def deploy(host_vars: dict[str, object]):  # type: ignore[no-untyped-def]
+        inv = user_inventory(lab, tmp_path / "fleetop.yml", host_vars={"lab1": host_vars})  # login: fleetop
+        return run_cli(capsys, "-i", str(inv), "-b", "-l", "lab1", "deploy", str(spec), "--json")
+
+    assert deploy({"tp_size": 2, "hf_token": "tokA"}).rc == 0
+    done = deploy({"tp_size": 4, "hf_token": "tokB"})
+    assert done.rc == 0 and done.json()["hosts"]["lab1"]["value"]["outcome"] == "reconfigured", done.out + done.err
+    argv, env = running(lab, "lab1")
+    assert argv[argv.index("--tp") + 1] == "4" and env["HF_TOKEN"] == "tokB"
+    bad = deploy({"tp_size": 8, "hf_token": "tokC", "service_port": 22})
+    assert bad.rc == 2 and bad.json()["hosts"]["lab1"]["value"]["outcome"] == "config-restored", bad.out + bad.err
+    argv, env = running(lab, "lab1")
+    assert argv[argv.index("--tp") + 1] == "4" and env["HF_TOKEN"] == "tokB"
+    env_file = f"/opt/fleetctl/releases/{rid}/service.env"
+    assert lab.ssh("lab1", f"stat -c '%U %a' {env_file}").stdout.split() == ["root", "600"]
+    assert lab.ssh("lab1", f"test -e /opt/fleetctl/releases/{rid}/.config-prev", check=False).returncode == 1

@@ -67,6 +67,8 @@ SPECS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
     (("--ask-vault-pass", "--ask-vault-password"), "ask_vault_pass", {"is_flag": True,
                                                                       "help": "Ask for the vault password once."}),
     (("-v", "--verbose"), "verbose", {"count": True, "help": "More logging on stderr (-vv for debug)."}),
+    (("-y", "--yes"), "assume_yes", {"is_flag": True, "help": "Do not ask before changing hosts (a command "
+                                     "that changes hosts asks on a terminal; without one, -l is enough)."}),
 ]
 _LOGIN = {"user", "private_key", "become", "become_user", "ask_become_pass", "vault_password_files", "vault_ids",
           "ask_vault_pass"}
@@ -101,7 +103,8 @@ def attach(command: click.Command) -> None:
         free = [f for f in flags if f not in own]
         if not free:
             continue
-        shadowed += [f"{f} (here: this command's own {f})" for f in flags if f in own]
+        if name != "assume_yes":  # a command's own --yes means the same: nothing to point out
+            shadowed += [f"{f} (here: this command's own {f})" for f in flags if f in own]
         settings = {k: v for k, v in kwargs.items() if k not in ("default", "show_default", "help")}
         command.params.append(click.Option([*free, f"global_{name}"], expose_value=False, hidden=True,
                                            callback=_override(name), **settings))

@@ -63,7 +63,7 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None, forks: int | None, as_json: bool,
         extra_vars: dict[str, object], timeout: float, persist: float, user: str | None, private_key: str | None,
         become: bool, become_user: str | None, ask_become_pass: bool, vault_password_files: tuple[str, ...],
-        vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int) -> None:
+        vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int, assume_yes: bool) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases.
 
     Global options go before or after the command (fleetctl -i INV ping, fleetctl ping -i INV).
@@ -80,7 +80,7 @@ def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None,
     login = LoginOptions(user, private_key, become, become_user, ask_become_pass, vault_password_files, vault_ids,
                          ask_vault_pass)
     ctx.obj = AppContext(inventory_paths, limit, forks or config.forks() or 32, as_json, verbose, dict(extra_vars),
-                         timeout, persist, login, config)
+                         timeout, persist, login, config, assume_yes=assume_yes)
 
 
 def _crash_log() -> Path:

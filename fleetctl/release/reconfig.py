@@ -24,10 +24,6 @@ from fleetctl.transport.base import HostSession
 if TYPE_CHECKING:
     from fleetctl.release.deploy import DeployResult
 
-# deploy --check --diff keys of the configuration, by the host file that holds each
-_SHOWN_BY_FILE = {"service.env": "env", "service.json": "command"}
-
-
 def diff(session: HostSession, layout: HostLayout, release_id: str, config: dict[str, Any]) -> dict[str, Any]:
     """The host's answer: ``changed`` (file names whose content differs) and ``pending`` (a
     reconfiguration written but never gated)."""
@@ -53,11 +49,8 @@ def shown(planned: dict[str, str], plan: str, changed: list[str]) -> dict[str, s
         return planned
     if plan == "unchanged":
         return {}
-    keys = set()
-    for name in changed:  # service.env -> service.env; service.NAME.json -> service.NAME.command
-        stem, _, ext = name.rpartition(".")
-        if stem.startswith("service"):
-            keys.add(f"{stem}.{_SHOWN_BY_FILE.get('service.' + ext, ext)}")
+    # the host's file -> deploy --check's key: service[.NAME].env as is, service[.NAME].json -> .command
+    keys = {name.removesuffix(".json") + ".command" if name.endswith(".json") else name for name in changed}
     return {key: text for key, text in planned.items() if key in keys} or {name: "" for name in changed}
 
 
