@@ -27,6 +27,18 @@ def console(stderr: bool = False) -> Any:
     return out
 
 
+def print_diff(out: Any, text: str) -> None:
+    """A diff never cut: on a terminal coloured and wrapped at its width; elsewhere (a pipe, a log) the
+    text itself, whole lines, as no width applies there."""
+    if not out.is_terminal:
+        out.file.write(text if text.endswith("\n") else text + "\n")
+        out.file.flush()
+        return
+    from rich.syntax import Syntax
+
+    out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True), soft_wrap=False)
+
+
 JSON_INDENTED_LEVELS = 3  # the document, its "hosts", each host: one line per field of a host's entry
 
 

@@ -104,8 +104,6 @@ def mark_failed(results: dict[str, HostResult[Any]], ok: Any, reason: Any) -> No
 
 
 def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff: bool) -> None:
-    from rich.syntax import Syntax
-
     out = render.console()
     rows = []
     for name, res in results.items():
@@ -127,7 +125,7 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
                 if text and text not in shown:  # identical diffs across hosts: once
                     shown.add(text)
                     out.print(render.cell(f"--- {path}"), style="bold")
-                    out.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
+                    render.print_diff(out, text)
     print_broken_locks(results)
     print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
     render.print_failures(results)

@@ -224,10 +224,8 @@ class Printer:
         status = e["status"]
         msg = f"  {_esc(str(e.get('msg') or ''))}" if e.get("msg") else ""
         self.say(f"    [{STATUS_STYLE.get(status, 'white')}]{status}[/]: {e['host']}{msg}")
-        if self.show_diff and e.get("diff"):
-            from rich.syntax import Syntax
-
-            self.line(Syntax(e["diff"], "diff", theme="ansi_dark", word_wrap=True))
+        if self.show_diff and e.get("diff") and not self.quiet:
+            render.print_diff(self.out, e["diff"])  # whole lines: a cropped service.command hides its args
 
     def _on_host_done(self, e: dict[str, Any]) -> None:
         self.done += 1
