@@ -204,10 +204,14 @@ def test_failure_in_batch_two_rolls_every_switched_host_back(lab: LabHandle, tmp
 
 def test_max_failures_then_resume_completes_the_run(lab: LabHandle, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    plays = rollout(1, [{"name": "smoke test", "fail": "smoke test failed",
-                         "when": "inventory_hostname in broken"}], max_failures=1, on_failure="rollback_failed")
+    # The smoke test fails where /root/smoke-broken exists (each host's own /root); a resume runs with the
+    # run's own -e, so the fix is on the hosts, as an operator's would be.
+    plays = rollout(1, [{"name": "smoke test", "shell": "test ! -e /root/smoke-broken"}], max_failures=1,
+                    on_failure="rollback_failed")
     book = playbook(tmp_path, plays)
-    r = run(capsys, lab, str(book), "-e", '{"broken": ["lab2", "lab3"]}', "--json")
+    for host in ("lab2", "lab3"):
+        lab.ssh(host, "touch /root/smoke-broken")
+    r = run(capsys, lab, str(book), "--json")
     doc = r.json()
     assert r.rc == 2 and doc["status"] == "halted"
     # lab2 failed (1, within the budget), lab3 failed (2 > 1): stop; lab4 never started
@@ -216,7 +220,9 @@ def test_max_failures_then_resume_completes_the_run(lab: LabHandle, tmp_path: Pa
     assert halted[0]["why"] == "max_failures 1 exceeded: 2 host(s) failed in this rollout"
     assert halted[0]["not_started"] == ["lab4"]
     # fixed: resume skips lab1 (finished) and takes the others through
-    again = run(capsys, lab, str(book), "-e", '{"broken": []}', "--resume", doc["run_id"], "--json")
+    for host in ("lab2", "lab3"):
+        lab.ssh(host, "rm -f /root/smoke-broken")
+    again = run(capsys, lab, str(book), "--resume", doc["run_id"], "--json")
     assert again.rc == 0, again.err
     assert currents(lab) == dict.fromkeys(HOSTS, ddtree_id())
     events = journal_events(lab, doc["run_id"])

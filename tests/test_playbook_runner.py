@@ -124,18 +124,75 @@ def test_undefined_variable_at_runtime_names_file_and_line(inv: Path, tmp_path: 
 
 
 def test_resume_skips_hosts_that_finished(inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    log = tmp_path / "log"
-    path = book(tmp_path, [{"shell": f"echo {{{{ inventory_hostname }}}} >> {log}"},
-                           {"fail": "broken", "when": "inventory_hostname in broken"}], serial=1,
+    log, broken = tmp_path / "log", tmp_path / "broken-two"
+    path = book(tmp_path, [{"shell": f"echo {{{{ inventory_hostname }}}} {{{{ who }}}} >> {log}"},
+                           {"shell": f"test ! -e {tmp_path}/broken-{{{{ inventory_hostname }}}}"}], serial=1,
                 max_failures=0)
-    first = run(capsys, inv, str(path), "-e", '{"broken": ["two"]}', "--json")
+    broken.touch()
+    first = run(capsys, inv, str(path), "-e", "who=ops", "--json")
     run_id = first.json()["run_id"]
     assert first.rc == 2 and first.json()["status"] == "halted"
-    again = run(capsys, inv, str(path), "-e", '{"broken": []}', "--resume", run_id, "--json")
+    broken.unlink()  # the cause mended on the host; the run goes on with its own -e who=ops
+    again = run(capsys, inv, str(path), "--resume", run_id, "--json")
     assert again.rc == 0 and again.json()["status"] == "ok"
-    assert log.read_text().split() == ["one", "two", "two"]  # one finished the first time: not run again
+    assert log.read_text().splitlines() == ["one ops", "two ops", "two ops"]  # one finished: not run again
     journal = inv.parent / ".fleetctl" / "runs" / f"{run_id}.jsonl"
     kinds = [json.loads(line)["event"] for line in journal.read_text().splitlines()]
     assert kinds[0] == "run_start" and kinds.count("resume") == 1 and kinds.count("run_end") == 2
     wrong = run(capsys, inv, str(path), "--resume", "20990101-000000-nope")
     assert wrong.rc == 3 and "no run 20990101-000000-nope" in wrong.err
+
+
+def _halted(inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path, str]:
+    """A run halted on host two (serial 1), started with -l one,two -e who=ops."""
+    log = tmp_path / "log"
+    (tmp_path / "broken-two").touch()
+    path = book(tmp_path, [{"shell": f"echo {{{{ inventory_hostname }}}} {{{{ who }}}} >> {log}"},
+                           {"shell": f"test ! -e {tmp_path}/broken-{{{{ inventory_hostname }}}}"}], serial=1,
+                max_failures=0)
+    first = run(capsys, inv, str(path), "-l", "one,two", "-e", "who=ops", "--json")
+    assert first.rc == 2 and first.json()["status"] == "halted", first.out
+    return path, log, first.json()["run_id"]
+
+
+def test_resume_refuses_other_variables_or_limit_and_prints_a_command_that_works(
+        inv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, log, run_id = _halted(inv, tmp_path, capsys)
+    other = run(capsys, inv, str(path), "-e", "who=dev", "--resume", run_id)
+    assert other.rc == 3 and other.err.strip().endswith(f"run {run_id} ran with -e who='ops', not 'dev'"), other.err
+    new = run(capsys, inv, str(path), "-e", "extra=1", "--resume", run_id)
+    assert new.rc == 3 and f"run {run_id} ran without -e extra (its -e: who)" in new.err, new.err
+    wider = run(capsys, inv, str(path), "-l", "all", "--resume", run_id)
+    assert wider.rc == 3 and f"run {run_id} ran with -l one,two, not -l all" in wider.err, wider.err
+    assert log.read_text().split() == ["one", "ops", "two", "ops"]  # the refusals ran nothing
+    halted = run(capsys, inv, str(path), "--resume", run_id)  # the printed hint: no -e, no -l
+    assert f"--resume {run_id}" in " ".join(halted.out.split()) and halted.rc == 2
+
+
+def test_a_checked_resume_leaves_the_runs_journal_alone(inv: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path, log, run_id = _halted(inv, tmp_path, capsys)
+    journal = inv.parent / ".fleetctl" / "runs" / f"{run_id}.jsonl"
+    before = journal.read_text()
+    checked = run(capsys, inv, str(path), "--resume", run_id, "--check", "--json")
+    assert checked.rc == 0 and checked.json()["run_id"] != run_id, checked.out
+    assert journal.read_text() == before  # the real run's journal untouched: still halted
+    (tmp_path / "broken-two").unlink()
+    real = run(capsys, inv, str(path), "--resume", run_id, "--json")
+    assert real.rc == 0 and real.json()["status"] == "ok"
+    assert log.read_text().splitlines() == ["one ops", "two ops", "two ops"]  # two really ran again
+
+
+def test_a_resume_refused_on_input_keeps_the_runs_verdict(inv: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path, _log, run_id = _halted(inv, tmp_path, capsys)
+    inv.write_text(INVENTORY.replace("web:", "gpu:"))  # the play's group is gone from the inventory
+    bad = run(capsys, inv, str(path), "--resume", run_id)
+    assert bad.rc == 3, bad.out + bad.err
+    listed = run_cli(capsys, "-i", str(inv), "runs", "list", "--json").json()
+    assert [r["status"] for r in listed if r["run_id"] == run_id] == ["halted"], listed
+    shown = run_cli(capsys, "-i", str(inv), "runs", "show", run_id)
+    assert "no end recorded" not in shown.out, shown.out
+    events = [json.loads(line) for line in (inv.parent / ".fleetctl" / "runs" / f"{run_id}.jsonl").open()]
+    assert events[-1]["event"] == "resume_failed" and "web" in events[-1]["error"], events[-1]
+

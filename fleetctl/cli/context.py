@@ -80,6 +80,11 @@ class AppContext:
                 self._inventory = load_inventory(paths, self.extra_vars, self.vault)
         return self._inventory
 
+    def reload_inventory(self) -> Inventory:
+        """The inventory built again from the options as they are now (a resume restored its -e and -l)."""
+        self._inventory = None
+        return self.inventory
+
     def inventory_source(self) -> tuple[str, ...]:
         """-i, else FLEETCTL_INVENTORY, else the config file's ``inventory``."""
         import os

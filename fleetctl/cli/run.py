@@ -64,6 +64,16 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
     folder = jr.runs_dir(inventory.folder)
+    before = None
+    if resume:  # the run's own limit and -e, as journaled (a contradiction is refused)
+        from fleetctl.playbook.resumption import restored
+
+        before = jr.read_events(jr.find_run(folder, resume))
+        first = next((e for e in before if e.get("event") == "run_start"), {})
+        limit, variables = restored(resume, first, playbook_path, app.limit, app.extra_vars)
+        if (limit, variables) != (app.limit, app.extra_vars):
+            app.limit, app.extra_vars = limit, variables
+            inventory = app.reload_inventory()
     # The inventory holds -e too (extra vars are merged into every host's vars).
     redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
     # !vault values in the playbook (play vars, task arguments) are secrets too.
@@ -74,15 +84,10 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
         redact = Redactor([*redact.values, app.connect.become_password])
     printer = Printer(app.json, show_diff, to_stderr=events)
     operator = operator_for(playbook, step, printer.ask, printer.hold)
-    before = None
-    if resume:
-        before = jr.read_events(jr.find_run(folder, resume))
-        first = next((e for e in before if e.get("event") == "run_start"), {})
-        if first.get("playbook") and Path(first["playbook"]).resolve() != playbook_path.resolve():
-            raise InputError(f"run {resume} ran {first['playbook']}, not {playbook_path}")
+    if resume and not check:
         journal = jr.Journal.reopen(folder, resume, redact)
         approval.clear(journal.path)
-    else:
+    else:  # a checked resume plans from the run's journal but writes a journal of its own
         journal = jr.Journal.create(folder, playbook_path, redact)
     command = " ".join(["fleetctl run", str(playbook_path), *(["--check"] if check else [])])
     options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
@@ -105,9 +110,11 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
                           "exit_code": code, "recap": {h: dict(c) for h, c in runner.recap.items()},
                           "results": runner.results})
     else:
-        sources = " ".join(f"-i {s}" for s in inventory.sources)
+        from fleetctl.playbook.resumption import command as resume_command
+
+        masked = [k for k, v in app.extra_vars.items() if redact({"v": v})["v"] != v]
         printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
-                      resume=f"fleetctl {sources} run {playbook_path} --resume {journal.run_id}")
+                      resume=resume_command(list(inventory.sources), playbook_path, journal.run_id, masked))
     return code
 
 

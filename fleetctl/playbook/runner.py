@@ -163,7 +163,8 @@ class Runner:
     # -- the run -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        resumed = self.options.resume_events
+        # A checked resume writes a journal of its own (cli/run.py): only a real one adds to the run's.
+        resumed = bool(self.options.resume_events) and not self.options.check
         self.emit("resume" if resumed else "run_start", playbook=str(self.playbook.path), digest=self.playbook.digest,
                   check=self.options.check, limit=self.options.limit, tags=sorted(self.options.tags),
                   extra_vars=self.options.extra_vars, who=self.holder, run_id=self.journal.run_id)
@@ -174,7 +175,11 @@ class Runner:
             pass
         except FleetError as exc:  # bad input met mid-run (a play's vars): the journal still says how it ended
             self.status = "error"
-            self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
+            if resumed and not any(sum(c.values()) for c in self.recap.values()):
+                # a resume that ran no task on any host: the run's own verdict stands, its error beside it
+                self.emit("resume_failed", error=str(exc))
+            else:
+                self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
             raise
         finally:
             self.delegation.close()
