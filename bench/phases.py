@@ -79,7 +79,7 @@ def one(inventory_path: str, job: str) -> dict[str, float]:
 
             results: Any = adhoc.ping(fleet)
         elif job == "inventory":
-            from fleetctl import drift as core
+            from fleetctl.drift import audit as core
 
             results = fleet.map(lambda ctx: core.collect(ctx, VENV, False))
         else:
@@ -91,7 +91,7 @@ def one(inventory_path: str, job: str) -> dict[str, float]:
         t = time.perf_counter()
     phases["shutdown (agents exit, connections close)"] = time.perf_counter() - t
     if job == "inventory":
-        from fleetctl import drift as core
+        from fleetctl.drift import audit as core
 
         t = time.perf_counter()
         core.audit(results, skip=("unsatisfied",))

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetctl.errors import AgentError, RemoteOperationError
-from fleetctl.gpu import GpuFacts, describe_gpus, parse_gpu_facts
-from fleetctl.gpu_health import HostHealth, Thresholds, evaluate
+from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
+from fleetctl.gpu.smi import GpuFacts, describe_gpus, parse_gpu_facts
 from fleetctl.transport.base import HostSession
 
 # The packages whose versions decide whether an SGLang host works (report order).

@@ -20,7 +20,7 @@ from typing import Any
 
 from fleetctl.errors import InputError
 from fleetctl.facts import collect_gpu, venv_python
-from fleetctl.gpu import GpuFacts, sglang_device_name
+from fleetctl.gpu.smi import GpuFacts, sglang_device_name
 from fleetctl.transport.base import HostSession
 
 ENV_VAR = "SGLANG_MOE_CONFIG_DIR"

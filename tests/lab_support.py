@@ -51,7 +51,8 @@ def worker_lab_dir(name: str) -> Path:
 SESSION_LAB_DIR = worker_lab_dir("test-lab")
 # A second octet per checkout and worker: two clones testing at once (or a CI clone beside a
 # working tree) never fight over addresses; a lab started by hand stays on 127.0.1.x.
-_NET = 100 + (int(hashlib.sha256(str(REPO).encode()).hexdigest(), 16) + _WORKER_INDEX) % 100
+# 250 octets (2..251) rather than 100: seven worktrees on 100 clashed.
+_NET = 2 + (int(hashlib.sha256(str(REPO).encode()).hexdigest(), 16) + _WORKER_INDEX) % 250
 SESSION_LAB_BASE = f"127.{_NET}.77.0"
 SESSION_LAB_HOSTS = 3
 SCRATCH_LAB_DIR = worker_lab_dir("test-lab-scratch")

@@ -9,12 +9,12 @@ from typing import Any
 
 from gpu_fixtures import H200_XML, derive, raw_smi
 
-from fleetctl import report_data
-from fleetctl.drift import Dist, HostInventory
-from fleetctl.gpu import parse_gpu_facts
-from fleetctl.gpu_health import Thresholds, evaluate
+from fleetctl.drift.audit import Dist, HostInventory
+from fleetctl.gpu.health import Thresholds, evaluate
+from fleetctl.gpu.smi import parse_gpu_facts
 from fleetctl.release.manage import HostStatus
-from fleetctl.report_runs import view
+from fleetctl.report import data as report_data
+from fleetctl.report.runs import view
 from fleetctl.transport.base import HostResult, Status
 
 EVIL = '<script>alert("x")</script><img src=http://evil.example/x.png>'

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from sglang_support import wheel_set
 
-from fleetctl import drift as core
-from fleetctl import drift_report
-from fleetctl.drift import Dist, HostInventory, Kind
+from fleetctl.drift import audit as core
+from fleetctl.drift import report as drift_report
+from fleetctl.drift.audit import Dist, HostInventory, Kind
 from fleetctl.errors import InputError
-from fleetctl.gpu import GpuFacts
+from fleetctl.gpu.smi import GpuFacts
 from fleetctl.lockfile import parse_lock
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostResult, Status

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from test_drift import SITE, collect_local, make_clean_venv
 
-from fleetctl import drift as core
-from fleetctl import drift_requirements
-from fleetctl.drift import Dist, HostInventory, Kind
-from fleetctl.gpu import GpuFacts
+from fleetctl.drift import audit as core
+from fleetctl.drift import requirements as drift_requirements
+from fleetctl.drift.audit import Dist, HostInventory, Kind
+from fleetctl.gpu.smi import GpuFacts
 
 
 def _dist_info(venv: Path, name: str) -> Path:

@@ -197,7 +197,7 @@ def test_overlay_through_bastions_and_sudo_streams_over_the_checked_hops(
         bulk: str) -> None:
     """The overlay's file stream goes through an OpenSSH client (or paramiko, forced) on the same
     hops as every other connection: gpu-b one bastion away as fleetop with sudo, gpu-c two away."""
-    import fleetctl.overlay_stream as overlay
+    import fleetctl.overlay.stream as overlay
 
     lab, env = lab_fleet, "/opt/cfg-env"
     site = f"{env}/lib/python3.11/site-packages"

@@ -23,7 +23,7 @@ from interpreters import NO_PY38, find_python
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.facts import HostFacts, collect_facts, facts_table_rows, parse_facts
-from fleetctl.gpu import describe_gpus
+from fleetctl.gpu.smi import describe_gpus
 from fleetctl.transport.base import CommandResult
 
 REMOTE = Path(__file__).resolve().parent.parent / "fleetctl" / "remote"

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_fixtures import H200, H200_UUID, H200_XML, SMI, ok, raw_smi
 
-from fleetctl.gpu import GpuFacts, compute_capability, describe_gpus, parse_gpu_facts, parse_xml, sglang_device_name
+from fleetctl.gpu.smi import GpuFacts, compute_capability, describe_gpus, parse_gpu_facts, parse_xml, sglang_device_name
 
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DRIVER_FAILURE = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."

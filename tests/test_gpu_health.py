@@ -14,9 +14,9 @@ import pytest
 from gpu_fixtures import FAULTS, H200, H200_XML, HOST_VARS, SMI, derive, fake_nvidia_smi, raw_smi
 
 from fleetctl.errors import InputError
-from fleetctl.gpu import parse_gpu_facts
-from fleetctl.gpu_health import HostHealth, Level, Thresholds, evaluate
-from fleetctl.gpu_logs import XID_MEANINGS, parse_kernel_log, parse_nvlink_errors, parse_nvlink_status
+from fleetctl.gpu.health import HostHealth, Level, Thresholds, evaluate
+from fleetctl.gpu.logs import XID_MEANINGS, parse_kernel_log, parse_nvlink_errors, parse_nvlink_status
+from fleetctl.gpu.smi import parse_gpu_facts
 
 REMOTE_FACTS = Path(__file__).parent.parent / "fleetctl" / "remote" / "facts.py"
 NVLINK = SMI / "synthetic-nvlink"

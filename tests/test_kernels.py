@@ -17,7 +17,7 @@ import pytest
 from cli_support import CliRun, run_cli
 
 from fleetctl import kernels as k
-from fleetctl.gpu import parse_gpu_facts
+from fleetctl.gpu.smi import parse_gpu_facts
 from fleetctl.release.kernels import KernelsRefused, release_kernels
 from fleetctl.release.spec import load_spec
 

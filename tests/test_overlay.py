@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl import overlay_abi as abi
-from fleetctl import overlay_plan as core
-from fleetctl import overlay_stream as stream
+from fleetctl.overlay import abi as abi
+from fleetctl.overlay import plan as core
+from fleetctl.overlay import stream as stream
 from fleetctl.transport.agent import module_source
 
 PY311 = abi.Interpreter("3.11.2", "cpython", "cpython-311-x86_64-linux-gnu", "linux-x86_64", "/v", "/v/lib/site",

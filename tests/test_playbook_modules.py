@@ -16,7 +16,7 @@ import jinja2
 import pytest
 from pydantic import ValidationError
 
-from fleetctl.drift import Finding, Kind
+from fleetctl.drift.audit import Finding, Kind
 from fleetctl.errors import InputError
 from fleetctl.playbook.modules import MODULES, ModuleContext, RunServices
 from fleetctl.playbook.modules import drift as drift_mod

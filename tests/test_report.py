@@ -11,8 +11,10 @@ from pathlib import Path
 
 import report_support as rs
 
-from fleetctl import drift_report, report, report_html
-from fleetctl.report_runs import last_runs, last_touch, view
+from fleetctl.drift import report as drift_report
+from fleetctl.pages import render as report_html
+from fleetctl.report import fleet as report
+from fleetctl.report.runs import last_runs, last_touch, view
 
 
 class Page(HTMLParser):

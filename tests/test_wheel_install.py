@@ -105,7 +105,7 @@ def test_a_wheel_install_deploys_and_reports(lab_fleet: LabHandle, tmp_path: Pat
         assert rep.returncode in (0, 1), rep.stdout + rep.stderr  # 1: some host red (no GPU here)
         html = page.read_text()
         assert release in html
-        css = (REPO / "fleetctl" / "report_templates" / "report.css").read_text()
+        css = (REPO / "fleetctl" / "pages" / "templates" / "report.css").read_text()
         assert css.strip().splitlines()[0] in html  # the packaged stylesheet, inlined
     finally:
         lab_fleet.ssh("lab1", CLEAN_RELEASES)

@@ -63,7 +63,7 @@ def shell(app: AppContext, command: str) -> int:
 def facts(app: AppContext, venv: str | None) -> int:
     """Hostname, OS, CPUs, memory, disks, Pythons, GPUs (nvidia-smi), and the venv's ML stack."""
     from fleetctl import facts as core
-    from fleetctl.gpu_health import Thresholds
+    from fleetctl.gpu.health import Thresholds
 
     for host in app.selected_hosts():  # a bad GPU threshold variable is an input error, before any host
         Thresholds.from_vars(host.vars, host.name)

@@ -34,8 +34,8 @@ def drift(app: AppContext, venv: str | None, baseline_host: str | None, lock_fil
 
     Exit 0: no drift; 1: drift found; 2: some hosts failed or were unreachable.
     """
-    from fleetctl import drift as core
-    from fleetctl import drift_report
+    from fleetctl.drift import audit as core
+    from fleetctl.drift import report as drift_report
     from fleetctl.lockfile import parse_lock
 
     if baseline_host and lock_file:

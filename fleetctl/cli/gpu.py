@@ -24,7 +24,7 @@ def health(app: AppContext, problems: bool) -> int:
 
     Exit 0: every host green or amber; 1: some host is red; 2: some hosts failed or were unreachable.
     """
-    from fleetctl import gpu_report as core
+    from fleetctl.gpu import report as core
 
     request = core.HealthRequest.for_hosts(app.selected_hosts(), problems)
     with app.fleet(read_only=True) as fleet:

@@ -13,7 +13,7 @@ from fleetctl.cli.options import exit_code_for, host_options
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:
-    from fleetctl.overlay import OverlayReport
+    from fleetctl.overlay.run import OverlayReport
     from fleetctl.transport.base import HostResult
     from fleetctl.venv_create import CreateOutcome
 
@@ -84,7 +84,7 @@ def overlay(app: AppContext, source: str, path: str, to_venv: str | None, packag
             direct: bool, level: int) -> int:
     """Bring the source venv's distributions into each selected host's venv, as an installer would:
     old versions removed by their RECORD, only differing files sent, paths rewritten."""
-    from fleetctl import overlay as core
+    from fleetctl.overlay import run as core
     from fleetctl.transport.fleet import Fleet
 
     if source not in app.inventory.hosts:
@@ -113,7 +113,7 @@ def _overlay_json(report: OverlayReport) -> dict[str, Any]:
 
 
 def _print_overlay(report: OverlayReport) -> None:
-    from fleetctl.overlay import outcome_lines, plan_rows
+    from fleetctl.overlay.run import outcome_lines, plan_rows
 
     out = render.console()
     req = report.request

@@ -1,6 +1,6 @@
 """Playbook module ``drift``: this host's venv against a baseline host or a lock file; failed when it drifts.
 
-The same core as ``fleetctl drift`` (``fleetctl/drift.py``): this host's inventory is collected,
+The same core as ``fleetctl drift`` (``fleetctl/drift/audit.py``): this host's inventory is collected,
 the baseline host's once per run (shared by every host of the run, through the run's memo), and
 the findings are this host's only. Read-only, so it runs the same in check mode.
 """
@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pydantic import field_validator, model_validator
 
-from fleetctl import drift as core
+from fleetctl.drift import audit as core
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module, on_other_host, once
 from fleetctl.transport.base import HostResult, Status
 

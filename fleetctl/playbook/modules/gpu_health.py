@@ -1,6 +1,6 @@
 """Playbook module ``gpu_health``: this host's GPU health (``fleetctl gpu health``'s core); failed when red.
 
-The rules are ``fleetctl/gpu_health.py``, the thresholds the host's variables as the task sees them
+The rules are ``fleetctl/gpu/health.py``, the thresholds the host's variables as the task sees them
 (inventory < play vars < ``-e``). Read-only, so it runs the same in check mode. Put before a
 ``release`` task, a red host fails here and the release never runs on it: the runner drops it from
 the play and counts it against the play's failure budget like any failed host.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fleetctl.gpu_health import Level, Thresholds
-from fleetctl.gpu_report import check_host
+from fleetctl.gpu.health import Level, Thresholds
+from fleetctl.gpu.report import check_host
 from fleetctl.playbook.modules.base import Args, ModuleContext, TaskResult, module
 
 

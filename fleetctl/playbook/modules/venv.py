@@ -1,7 +1,7 @@
 """Playbook module ``venv``: ``state: present`` (create from pins, as ``fleetctl venv create``) or
 ``state: overlay`` (bring another host's distributions in, as ``fleetctl venv overlay``).
 
-Both decide, then do, through the same cores (``fleetctl/venv_create.py``, ``fleetctl/overlay.py``):
+Both decide, then do, through the same cores (``fleetctl/venv_create.py``, ``fleetctl/overlay/run.py``):
 check mode stops after the plan and reports what would change; otherwise the plan is applied and
 ``changed`` says whether anything was installed, removed or written.
 """
@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fleetctl import overlay as ov
 from fleetctl import venv_create as vc
 from fleetctl.errors import HostError, InputError
-from fleetctl.overlay_plan import HostPlan, OverlayRequest
-from fleetctl.overlay_stream import stream_group
+from fleetctl.overlay import run as ov
+from fleetctl.overlay.plan import HostPlan, OverlayRequest
+from fleetctl.overlay.stream import stream_group
 from fleetctl.playbook.modules.base import (
     Args,
     ModuleContext,

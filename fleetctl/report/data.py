@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl import drift
+from fleetctl.drift import audit as drift
 from fleetctl.errors import ConnectError, FleetError, InputError
 from fleetctl.facts import collect_gpu
-from fleetctl.gpu_health import HostHealth, Thresholds, evaluate
+from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.inventory import Host
 from fleetctl.lockfile import Pin
 from fleetctl.release.manage import HostStatus, status_host
 from fleetctl.release.service import layout_for
-from fleetctl.report_runs import RunView, last_runs
+from fleetctl.report.runs import RunView, last_runs
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from fleetctl.errors import ExitCode
 from fleetctl.facts import collect_gpu
-from fleetctl.gpu_health import HostHealth, Level, Thresholds, evaluate
+from fleetctl.gpu.health import HostHealth, Level, Thresholds, evaluate
 from fleetctl.inventory import Host
 from fleetctl.transport.base import HostResult
 from fleetctl.transport.fleet import Fleet, HostContext

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleetctl.gpu_logs import KernelLog, NvLink, parse_kernel_log, parse_nvlink
+from fleetctl.gpu.logs import KernelLog, NvLink, parse_kernel_log, parse_nvlink
 
 # What nvidia-smi prints when a field has no value on this GPU or driver.
 _MISSING = {

@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-TEMPLATES = Path(__file__).resolve().parent / "report_templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 LEVEL_TEXT = {"red": "RED", "amber": "AMBER", "green": "OK", "none": "-"}  # beside each colour, never colour alone
 
 

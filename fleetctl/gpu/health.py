@@ -15,8 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from fleetctl.errors import InputError
-from fleetctl.gpu import GpuFacts, GpuInfo
-from fleetctl.gpu_logs import NvLink, XidEvent, pci_key
+from fleetctl.gpu.logs import NvLink, XidEvent, pci_key
+from fleetctl.gpu.smi import GpuFacts, GpuInfo
 
 
 class Level(StrEnum):

@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fleetctl import drift_report
-from fleetctl.gpu_health import HostHealth, Level
+from fleetctl.drift import report as drift_report
+from fleetctl.gpu.health import HostHealth, Level
 from fleetctl.release.manage import HostStatus
-from fleetctl.report_data import Gathered, HostGathered
+from fleetctl.report.data import Gathered, HostGathered
 from fleetctl.transport.base import HostResult
 
 RANK = {"red": 0, "amber": 1, "green": 2, "none": 3}
@@ -142,7 +142,7 @@ def _is_rollback(reason: str) -> bool:
 
 def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
     """The whole page as data: summary, host rows (worst first), drift, rollouts, timelines."""
-    from fleetctl.report_runs import last_touch
+    from fleetctl.report.runs import last_touch
 
     now = time.time() if now is None else now
     touched = last_touch(g.runs)
@@ -186,6 +186,6 @@ def exit_code(doc: Mapping[str, Any]) -> int:
 
 
 def to_html(doc: Mapping[str, Any]) -> str:
-    from fleetctl import report_html
+    from fleetctl.pages import render as report_html
 
     return report_html.render("fleet.html.j2", doc=doc, rank=RANK, kinds=[k.value for k in drift_report.CELL_KINDS])

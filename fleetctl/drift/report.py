@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl.drift import INFO_KINDS, DriftReport, Kind
+from fleetctl.drift.audit import INFO_KINDS, DriftReport, Kind
 
-TEMPLATES = Path(__file__).resolve().parent / "report_templates"
 # Which finding class colours a matrix cell, strongest first.
 CELL_KINDS = (Kind.DUPLICATE, Kind.MISSING, Kind.EXTRA, Kind.VERSION, Kind.STACK)
 
@@ -113,7 +112,7 @@ def to_markdown(report: DriftReport, show_all: bool = False) -> str:
 
 def to_html(report: DriftReport, show_all: bool = False) -> str:
     """The drift view of the fleet report's renderer: the same stylesheet and drift sections."""
-    from fleetctl import report_html
+    from fleetctl.pages import render as report_html
 
     return report_html.render("drift.html.j2", drift=to_view(report, show_all), kinds=[k.value for k in CELL_KINDS])
 

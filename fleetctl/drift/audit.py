@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fleetctl import drift_requirements, hostpaths
+from fleetctl import hostpaths
+from fleetctl.drift import requirements as drift_requirements
 from fleetctl.errors import InputError, RemoteOperationError
 from fleetctl.facts import collect_gpu
-from fleetctl.gpu import GpuFacts
+from fleetctl.gpu.smi import GpuFacts
 from fleetctl.inventory.model import Host
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin
 from fleetctl.probes import probe_python

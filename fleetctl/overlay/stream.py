@@ -19,7 +19,7 @@ from typing import Any
 from fleetctl import hostpaths
 from fleetctl.connection import ConnectionSpec
 from fleetctl.errors import HostError
-from fleetctl.overlay_plan import HostPlan, OverlayRequest, SourceListing
+from fleetctl.overlay.plan import HostPlan, OverlayRequest, SourceListing
 from fleetctl.transport import ssh_options
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostSession, Stream

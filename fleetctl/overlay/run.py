@@ -33,8 +33,8 @@ from packaging.utils import canonicalize_name
 
 from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError, RemoteOperationError
-from fleetctl.overlay_abi import Interpreter
-from fleetctl.overlay_plan import (
+from fleetctl.overlay.abi import Interpreter
+from fleetctl.overlay.plan import (
     HostPlan,
     OverlayRequest,
     SourceListing,
@@ -45,7 +45,7 @@ from fleetctl.overlay_plan import (
     plan_host,
     unpack,
 )
-from fleetctl.overlay_stream import Applied, Lost, python_of, stream_group, target_dirs
+from fleetctl.overlay.stream import Applied, Lost, python_of, stream_group, target_dirs
 from fleetctl.transport.base import HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet, HostContext
 

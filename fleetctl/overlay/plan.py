@@ -18,8 +18,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from fleetctl import overlay_abi
-from fleetctl.overlay_abi import Interpreter
+from fleetctl.overlay import abi as overlay_abi
+from fleetctl.overlay.abi import Interpreter
 
 # --- what each side holds ----------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Drift audits: what each host runs, against a golden host or a lock, and the reports of it."""

@@ -1,0 +1,1 @@
+"""``fleetctl venv overlay``: bringing one host's distributions into other hosts' venvs."""

@@ -1,0 +1,1 @@
+"""``fleetctl report``: the fleet at a glance, gathered in one read-only pass."""
