@@ -102,7 +102,7 @@ class AppContext:
     def connect(self) -> ConnectOptions:
         """-u, --private-key, -b, --become-user, -K (asked here: once, before connecting), over the config file's."""
         if self._connect is None:
-            from fleetctl.cli.options import connect_options
+            from fleetctl.cli.prompts import connect_options
 
             given, cfg = self.login, self.config
             self._connect = connect_options(
@@ -117,7 +117,7 @@ class AppContext:
         if self._vault is None:
             import os
 
-            from fleetctl.cli.options import vault_options
+            from fleetctl.cli.prompts import vault_options
 
             files = self.login.vault_password_files
             if not files and os.environ.get("FLEETCTL_VAULT_PASSWORD_FILE"):

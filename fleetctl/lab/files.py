@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from fleetctl.errors import LabError
-from fleetctl.lab import accounts
+from fleetctl.lab import accounts, boot
 from fleetctl.lab.state import PRIVATE_MOUNTS, LabHost, LabPaths
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
@@ -93,9 +93,7 @@ def prepare_host_dir(paths: LabPaths, host: LabHost) -> None:
                                 password_auth="yes" if password_auth else "no",
                                 auth_methods="any" if password_auth else "publickey")
     paths.sshd_config(host.name).write_text(config)
-    from fleetctl.lab import reboot
-
-    reboot.prepare(paths, host.name)  # a new boot id per start; the host's restart command
+    boot.prepare(paths, host.name)  # a new boot id per start; the host's restart command
 
 
 def read_host_options(paths: LabPaths, name: str) -> dict[str, object]:

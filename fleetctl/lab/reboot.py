@@ -12,41 +12,14 @@ connection drop and a new boot id, exactly as on a real host.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetctl.lab.state import LabPaths, load_state
+from fleetctl.lab.boot import REQUEST, RESTART_COMMAND, pending
+from fleetctl.lab.state import LabPaths
 
-RESTART_COMMAND = "/etc/fleetctl-lab/restart-this-lab-host"
-_REQUEST = "restart-requested"
-_SCRIPT = """#!/bin/sh
-# Restart this lab host as a reboot would (fleetctl/lab/reboot.py): everything on it stops and sshd
-# starts again with a new boot id, done by `serve_restarts` on the lab's machine.
-: > /etc/fleetctl-lab/restart-requested
-"""
-
-
-def boot_id_file(paths: LabPaths, name: str) -> Path:
-    return paths.host_dir(name) / "boot_id"
-
-
-def prepare(paths: LabPaths, name: str) -> None:
-    """Before each start: a new boot id, and the restart command in the host's /etc."""
-    boot_id_file(paths, name).write_text(f"{uuid.uuid4()}\n")
-    folder = paths.host_dir(name) / "etc" / "fleetctl-lab"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / _REQUEST).unlink(missing_ok=True)
-    script = folder / "restart-this-lab-host"
-    script.write_text(_SCRIPT)
-    script.chmod(0o755)
-
-
-def _pending(paths: LabPaths) -> list[str]:
-    state = load_state(paths)
-    hosts = [h.name for h in state.hosts] if state else []
-    return [n for n in hosts if (paths.host_dir(n) / "etc" / "fleetctl-lab" / _REQUEST).exists()]
+__all__ = ["RESTART_COMMAND", "serve_restarts"]
 
 
 @contextmanager
@@ -60,8 +33,8 @@ def serve_restarts(directory: Path, interval: float = 0.2) -> Iterator[list[str]
 
     def serve() -> None:
         while not stop.wait(interval):
-            for name in _pending(paths):
-                (paths.host_dir(name) / "etc" / "fleetctl-lab" / _REQUEST).unlink(missing_ok=True)
+            for name in pending(paths):
+                (paths.host_dir(name) / "etc" / "fleetctl-lab" / REQUEST).unlink(missing_ok=True)
                 stop_host(directory, name)
                 start_host(directory, name)
                 done.append(name)

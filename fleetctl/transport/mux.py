@@ -61,8 +61,8 @@ MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
-_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "agent.py",
-                _HERE / "ssh.py", _HERE / "hostkeys.py",
+_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_main.py",
+                _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
                 _HERE.parent / "remote" / "agent.py")
 
 
@@ -172,7 +172,7 @@ def connect(path: Path, persist: float) -> socket.socket:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fleetctl.transport.mux_server", str(path), str(persist)],
+                [sys.executable, "-m", "fleetctl.transport.mux_main", str(path), str(persist)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fd, close_fds=True,
                 start_new_session=True, cwd="/",
             )

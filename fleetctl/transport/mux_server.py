@@ -12,7 +12,6 @@ import logging
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from fleetctl.errors import (
 from fleetctl.transport.base import Step
 from fleetctl.transport.mux import (
     error_payload,
-    private_dir,
     recv_frame,
     send_frame,
     target_from_doc,
@@ -110,9 +108,14 @@ class KeptHost:
             self.connector.close()
 
 
+BatchOp = Callable[["MuxServer", socket.socket, dict[str, Any]], None]
+
+
 class MuxServer:
-    def __init__(self, path: Path, persist: float) -> None:
+    def __init__(self, path: Path, persist: float,
+                 batch_ops: dict[str, BatchOp] | None = None) -> None:
         self.path = path
+        self.batch_ops = batch_ops or {}  # ops answered with one frame per host (mux_batch), given by mux_main
         self.persist = persist
         self.hosts: dict[str, KeptHost] = {}
         self.lock = threading.Lock()
@@ -187,10 +190,9 @@ class MuxServer:
                 msg = recv_frame(conn)
                 if msg is None:
                     return
-                if msg.get("op") == "ping_many":  # a whole fleet's ping: one frame back per host
-                    from fleetctl.transport.mux_batch import serve_ping_many
-
-                    serve_ping_many(self, conn, msg)
+                batch = self.batch_ops.get(msg.get("op"))
+                if batch is not None:  # a whole fleet's ping: one frame back per host
+                    batch(self, conn, msg)
                     continue
                 try:
                     result, kept = self._handle(msg, kept, fresh)
@@ -301,17 +303,3 @@ class MuxServer:
                                     *(p for p, a in k.others.items() if a is not None)] if p],
             "idle_s": round(now - k.last_used, 1), "in_use": k.users > 0,
         } for k in kept]
-
-
-def main(argv: list[str]) -> int:
-    path, persist = Path(argv[0]), float(argv[1])
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
-    private_dir(path.parent)
-    try:
-        return MuxServer(path, persist).serve()
-    except OSError as exc:
-        log.error("cannot serve on %s: %s", path, exc)
-        return 1
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

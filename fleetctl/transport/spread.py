@@ -29,14 +29,22 @@ import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from fleetctl.transport.base import HostResult, Status
+from fleetctl.transport.base import Connector, HostResult, Status
 
-if TYPE_CHECKING:
-    from fleetctl.transport.fleet import HostContext
+
+class SpreadHost(Protocol):
+    """What a worker needs of a host's session (``fleet.HostContext`` has it; named here so the fleet
+    imports this module and not the other way round)."""
+
+    name: str
+    unreachable: str | None
+    connector: Connector
+
 
 T = TypeVar("T")
+C = TypeVar("C", bound=SpreadHost)
 HOSTS_PER_WORKER = 24  # below this a worker's start (a fork, its share of imports) costs more than it saves
 _HEADER = struct.Struct(">iI")  # host index (-1: the worker is done), pickle length
 
@@ -68,9 +76,9 @@ def shares(count: int, workers: int) -> list[range]:
     return [r for r in out if len(r)]
 
 
-def spread_map(contexts: Sequence[HostContext], fn: Callable[[HostContext], T], forks: int, workers: int,
-               one: Callable[[HostContext, Callable[[HostContext], T]], HostResult[T]],
-               close: Callable[[HostContext], None]) -> Iterator[HostResult[T]]:
+def spread_map(contexts: Sequence[C], fn: Callable[[C], T], forks: int, workers: int,
+               one: Callable[[C, Callable[[C], T]], HostResult[T]],
+               close: Callable[[C], None]) -> Iterator[HostResult[T]]:
     """``one(ctx, fn)`` for every context, in ``workers`` processes; results in ``contexts`` order."""
     parts = shares(len(contexts), workers)
     threads = max(1, -(-forks // len(parts)))
@@ -111,7 +119,7 @@ def _reap(pid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _collect(contexts: Sequence[HostContext], children: dict[int, tuple[int, range]]) -> Iterator[HostResult[Any]]:
+def _collect(contexts: Sequence[C], children: dict[int, tuple[int, range]]) -> Iterator[HostResult[Any]]:
     results: list[HostResult[Any] | None] = [None] * len(contexts)
     buffers = {fd: bytearray() for fd in children}
     next_out = 0
@@ -148,16 +156,16 @@ def _frames(buf: bytearray) -> Iterator[tuple[int, Any]]:
         yield index, pickle.loads(body) if size else None
 
 
-def _fill_missing(contexts: Sequence[HostContext], results: list[HostResult[Any] | None], part: range,
+def _fill_missing(contexts: Sequence[C], results: list[HostResult[Any] | None], part: range,
                   why: str) -> None:
     for i in part:
         if results[i] is None:
             results[i] = HostResult(contexts[i].name, Status.FAILED, reason=f"internal error: {why}")
 
 
-def _worker(share: list[HostContext], first: int, fn: Callable[[HostContext], T], threads: int,
-            one: Callable[[HostContext, Callable[[HostContext], T]], HostResult[T]],
-            close: Callable[[HostContext], None], write_fd: int) -> None:
+def _worker(share: list[C], first: int, fn: Callable[[C], T], threads: int,
+            one: Callable[[C, Callable[[C], T]], HostResult[T]],
+            close: Callable[[C], None], write_fd: int) -> None:
     code = 0
     profile = _start_profile()
     try:

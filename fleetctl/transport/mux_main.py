@@ -1,0 +1,27 @@
+"""The connection server's process: ``python -m fleetctl.transport.mux_main PATH PERSIST`` (started by ``mux.py``).
+Here the server meets its batch operations, so neither module imports the other."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from fleetctl.transport.mux import private_dir
+from fleetctl.transport.mux_batch import serve_ping_many
+from fleetctl.transport.mux_server import MuxServer, log
+
+
+def main(argv: list[str]) -> int:
+    path, persist = Path(argv[0]), float(argv[1])
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
+    private_dir(path.parent)
+    try:
+        return MuxServer(path, persist, {"ping_many": serve_ping_many}).serve()
+    except OSError as exc:
+        log.error("cannot serve on %s: %s", path, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
