@@ -17,6 +17,7 @@ import pytest
 from cli_support import CliRun, run_cli
 
 from fleetctl import kernels as k
+from fleetctl.errors import InputError
 from fleetctl.gpu.smi import parse_gpu_facts
 from fleetctl.release.kernels import KernelsRefused, release_kernels
 from fleetctl.release.spec import load_spec
@@ -268,7 +269,7 @@ def test_collect_validates_every_file_and_needs_a_triton_version(tmp_path: Path)
     (item,) = k.plan_collect(collected({H200: json.dumps(short)}), tmp_path, False)
     assert item.action == "added" and item.note == ("batch size 1 has no num_warps/num_stages: SGLang loads it "
                                                     "with Triton's defaults (as some of its own configs)")
-    with pytest.raises(k.InputError, match="set the host var triton_version"):
+    with pytest.raises(InputError, match="set the host var triton_version"):
         k.plan_collect(collected({H200: json.dumps(GOOD)}, triton=None), tmp_path, False)
     assert not any(tmp_path.iterdir())
 

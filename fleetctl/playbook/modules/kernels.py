@@ -1,6 +1,6 @@
 """Playbook module ``kernels``: which tuned fused-MoE Triton configs this host gets (``kernels plan``).
 
-The same core as ``fleetctl kernels plan`` (``fleetctl/kernels.py``): the tuned folder is read and
+The same core as ``fleetctl kernels plan`` (``fleetctl/kernels/``): the tuned folder is read and
 validated once per run, the host says its GPU, triton and SGLang built-ins, and the plan says what
 SGLang would load for each tuned file. Read-only, so it runs the same in check mode.
 """
