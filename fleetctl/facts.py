@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetctl.errors import AgentError, RemoteOperationError
+from fleetctl.gpu.collect import gpu_params
 from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.gpu.smi import GpuFacts, describe_gpus, parse_gpu_facts
 from fleetctl.transport.base import HostSession
@@ -72,20 +73,6 @@ class HostFacts:
         out = asdict(replace(self, gpu_health=None))
         out["gpu_health"] = self.gpu_health.to_dict() if self.gpu_health else None
         return out
-
-
-def gpu_params(session: HostSession) -> dict[str, Any]:
-    """The facts op's GPU parameters from the host's variables: ``nvidia_smi`` names the binary."""
-    path = session.vars.get("nvidia_smi")
-    return {"nvidia_smi": str(path)} if path else {}
-
-
-def collect_gpu(session: HostSession, health: bool = True) -> GpuFacts:
-    """One host's GPU facts alone (one ``nvidia-smi -q -x``; with ``health``, NVLink and Xids too)."""
-    raw = session.call("facts", {"gpu_only": True, "gpu_health": health, **gpu_params(session)})
-    if not isinstance(raw, dict):
-        raise AgentError(session.name, f"facts answered a {type(raw).__name__}, not an object")
-    return parse_gpu_facts(raw.get("nvidia_smi"))
 
 
 def venv_python(venv: str) -> str:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import host_options
+
+if TYPE_CHECKING:
+    from fleetctl.gpu.health import HostHealth
+    from fleetctl.transport.base import HostResult
 
 
 @click.group()
@@ -30,7 +36,17 @@ def health(app: AppContext, problems: bool) -> int:
     with app.fleet(read_only=True) as fleet:
         results = core.run(fleet, request)
     if app.json:
-        render.emit_json(core.to_json(results))
+        render.emit_json(_health_json(results))
     else:
         render.print_gpu_health(results, core.rows(results, request.problems_only))
     return core.exit_code(results)
+
+
+def _health_json(results: dict[str, HostResult[HostHealth]]) -> dict[str, Any]:
+    from fleetctl.gpu.health import Level
+    from fleetctl.gpu.report import red_hosts
+
+    doc = render.results_json(results, lambda h: h.to_dict())
+    doc["red_hosts"] = red_hosts(results)
+    doc["amber_hosts"] = sorted(h for h, r in results.items() if r.value is not None and r.value.level is Level.AMBER)
+    return doc

@@ -18,7 +18,7 @@ from typing import Any
 from fleetctl import hostpaths
 from fleetctl.drift import requirements as drift_requirements
 from fleetctl.errors import InputError, RemoteOperationError
-from fleetctl.facts import collect_gpu
+from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.smi import GpuFacts
 from fleetctl.inventory.model import Host
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin

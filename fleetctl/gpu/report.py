@@ -1,6 +1,6 @@
 """``fleetctl gpu health``: the request, the one core call, and the report's rows and JSON.
 
-Collection is one agent round trip per host (``facts.collect_gpu``: one ``nvidia-smi -q -x``,
+Collection is one agent round trip per host (``gpu.collect.collect_gpu``: one ``nvidia-smi -q -x``,
 ``nvidia-smi nvlink`` where links exist, the kernel log's Xid lines); the verdicts are the pure
 rules of ``gpu_health.py``, with each host's thresholds read from its variables before any host
 is contacted, so a bad threshold is an input error naming the host and the variable.
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fleetctl.errors import ExitCode
-from fleetctl.facts import collect_gpu
+from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.health import HostHealth, Level, Thresholds, evaluate
 from fleetctl.inventory import Host
 from fleetctl.transport.base import HostResult
@@ -64,12 +63,3 @@ def rows(results: dict[str, HostResult[HostHealth]], problems_only: bool = False
                 if not problems_only or check.level is not Level.GREEN:
                     out.append((host, label, check.rule, check.level, check.value))
     return out
-
-
-def to_json(results: dict[str, HostResult[HostHealth]]) -> dict[str, Any]:
-    from fleetctl import render
-
-    doc = render.results_json(results, lambda h: h.to_dict())
-    doc["red_hosts"] = red_hosts(results)
-    doc["amber_hosts"] = sorted(h for h, r in results.items() if r.value is not None and r.value.level is Level.AMBER)
-    return doc

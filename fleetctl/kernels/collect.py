@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl.errors import InputError
-from fleetctl.facts import collect_gpu, venv_python
+from fleetctl.facts import venv_python
+from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.smi import sglang_device_name
 from fleetctl.kernels.configs import _FOLDER_RE, launch_key_warning, parse_config_name, triton_folder, validate_config
 from fleetctl.kernels.plan import resolve_gpu, resolve_triton

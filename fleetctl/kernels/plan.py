@@ -8,7 +8,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from fleetctl.facts import collect_gpu, venv_python
+from fleetctl.facts import venv_python
+from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.smi import GpuFacts, sglang_device_name
 from fleetctl.kernels.configs import (
     _FOLDER_RE,

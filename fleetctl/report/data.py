@@ -16,7 +16,7 @@ from typing import Any
 
 from fleetctl.drift import audit as drift
 from fleetctl.errors import ConnectError, FleetError, InputError
-from fleetctl.facts import collect_gpu
+from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.inventory import Host
 from fleetctl.lockfile import Pin
