@@ -3,7 +3,7 @@
 Ansible's connection variables (``ansible_host``, ``ansible_port``, ``ansible_user``,
 ``ansible_ssh_private_key_file``, ``ansible_password``, ``ansible_python_interpreter``,
 ``ansible_connection``, ``ansible_timeout``, a bastion and keepalives in ``ansible_ssh_common_args``
-(its other options are reported when connecting: ``transport/ssh_options.py``), the
+(its other options are reported when connecting: ``ssh_options.py``), the
 ``ansible_become*`` variables) plus fleetctl's ``jump_host``, ``fleetctl_known_hosts`` and
 ``venv``. What is not set here stays ``None``: ssh_config and the CLI fill it in later
 (``transport/target.py``). Any other ``ansible_*`` variable is refused (``unknown_ansible_var``),
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from fleetctl import ssh_options
 from fleetctl.errors import InventoryError
-from fleetctl.transport import ssh_options
 
 T = TypeVar("T")
 

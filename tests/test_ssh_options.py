@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from fleetctl import ssh_options
 from fleetctl.errors import InputError, InventoryError
 from fleetctl.inventory import Inventory, load_inventory
 from fleetctl.overlay import stream as overlay_stream
-from fleetctl.transport import ssh_config, ssh_options
+from fleetctl.transport import ssh_config
 from fleetctl.transport.openssh import ssh_argv
 from fleetctl.transport.target import ConnectOptions, SSHTarget, resolve_target
 

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetctl import hostpaths
+from fleetctl import hostpaths, ssh_options
 from fleetctl.connection import ConnectionSpec
 from fleetctl.errors import HostError
 from fleetctl.overlay.plan import HostPlan, OverlayRequest, SourceListing
-from fleetctl.transport import ssh_options
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostSession, Stream
 from fleetctl.transport.fleet import HostContext

@@ -18,8 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from fleetctl import ssh_options
 from fleetctl.errors import InputError
-from fleetctl.transport import ssh_options
 
 SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
 MAX_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH

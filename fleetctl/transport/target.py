@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleetctl import ssh_options
 from fleetctl.connection import check_jump
 from fleetctl.errors import InputError
-from fleetctl.transport import hostkeys, ssh_config, ssh_options
+from fleetctl.transport import hostkeys, ssh_config
 
 if TYPE_CHECKING:
     from fleetctl.connection import ConnectionSpec

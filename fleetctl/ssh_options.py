@@ -4,7 +4,7 @@ fleetctl honours, and one warning per run for each one it does not (never droppe
 Honoured: a bastion (``-J``, ProxyJump, ProxyCommand) and keepalives (ServerAliveInterval,
 ServerAliveCountMax; ``DEFAULT_ALIVE_INTERVAL`` when none is set, where OpenSSH sends none: builds,
 gates and copies keep a channel quiet for up to an hour, longer than many NAT and bastion idle
-timeouts). ssh_config's connection keywords are read in ``ssh_config.py``. Host-key options
+timeouts). ssh_config's connection keywords are read in ``transport/ssh_config.py``. Host-key options
 (StrictHostKeyChecking other than yes, UserKnownHostsFile, GlobalKnownHostsFile) are never honoured:
 fleetctl always checks host keys against its own known_hosts, and says so in a line of its own.
 """
