@@ -62,7 +62,7 @@ SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
 _SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_main.py",
-                _HERE / "agent.py", _HERE / "ssh.py", _HERE / "hostkeys.py",
+                _HERE / "agent.py", _HERE / "ssh.py", _HERE / "channel.py", _HERE / "hostkeys.py",
                 _HERE.parent / "remote" / "agent.py")
 
 
