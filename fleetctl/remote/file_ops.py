@@ -106,50 +106,11 @@ def file_state(params):
             if not check:
                 shutil.rmtree(path) if kind == "directory" else os.unlink(path)
         return {"changed": bool(actions), "state": "absent", "actions": actions}
-    if state == "file":
-        if kind is None:
-            raise FileOpsError("%s does not exist (state: file does not create files; use touch or copy)" % path)
-        if kind not in ("file", "link"):
-            raise FileOpsError("%s is a %s, not a file" % (path, kind))
-    elif state == "directory":
-        if kind is None:
-            actions.append("created the folder")
-            if not check:
-                _make_dirs(path, mode, uid, gid)
-                kind, st = _kind(path)
-        elif kind != "directory":
-            raise FileOpsError("%s is a %s, not a folder" % (path, kind))
-    elif state == "touch":
-        if kind is None:
-            actions.append("created an empty file")
-            if not check:
-                parent = os.path.dirname(path) or "/"
-                if not os.path.isdir(parent):
-                    raise FileOpsError("parent folder %s does not exist (create it first)" % parent)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode if mode is not None else 0o644)
-                os.close(fd)
-                kind, st = _kind(path)
-        else:
-            actions.append("touched")  # Ansible's touch changes the times: always changed
-            if not check:
-                os.utime(path, (time.time(), time.time()), follow_symlinks=False) if kind != "link" else None
-    elif state == "link":
-        src = params.get("src")
-        if not src:
-            raise FileOpsError("state: link needs src (what the link points to)")
-        if kind == "link" and os.readlink(path) == src:
-            pass
-        elif kind not in (None, "link", "file"):
-            raise FileOpsError("%s is a %s; a link would replace it" % (path, kind))
-        else:
-            actions.append("link -> %s" % src)
-            if not check:
-                tmp = "%s.fleetctl-link-%d" % (path, os.getpid())
-                os.symlink(src, tmp)
-                os.replace(tmp, path)
-                kind, st = _kind(path)
-    else:
+    change = _STATES.get(state)
+    if change is None:
         raise FileOpsError("unknown state %r" % (state,))
+    if change(path, kind, params, mode, check, actions):
+        kind, st = _kind(path)  # it was created or replaced
     if st is not None and kind is not None:
         _attrs(path, st, mode, uid, gid, check, actions)
         if params.get("recurse") and kind == "directory":
@@ -157,6 +118,63 @@ def file_state(params):
                 sub_kind, sub_st = _kind(sub)
                 _attrs(sub, sub_st, None if sub_kind == "directory" else mode, uid, gid, check, actions)
     return {"changed": bool(actions), "state": state, "actions": actions}
+
+
+# Each state's change: refuses in one line, appends what it did (or would do), and says whether the path
+# was made or replaced (its kind and stat read again).
+def _state_file(path, kind, params, mode, check, actions):
+    if kind is None:
+        raise FileOpsError("%s does not exist (state: file does not create files; use touch or copy)" % path)
+    if kind not in ("file", "link"):
+        raise FileOpsError("%s is a %s, not a file" % (path, kind))
+    return False
+
+
+def _state_directory(path, kind, params, mode, check, actions):
+    if kind is None:
+        actions.append("created the folder")
+        if not check:
+            _make_dirs(path, mode, _uid(params.get("owner")), _gid(params.get("group")))
+            return True
+    elif kind != "directory":
+        raise FileOpsError("%s is a %s, not a folder" % (path, kind))
+    return False
+
+
+def _state_touch(path, kind, params, mode, check, actions):
+    if kind is not None:
+        actions.append("touched")  # Ansible's touch changes the times: always changed
+        if not check and kind != "link":
+            os.utime(path, (time.time(), time.time()), follow_symlinks=False)
+        return False
+    actions.append("created an empty file")
+    if check:
+        return False
+    parent = os.path.dirname(path) or "/"
+    if not os.path.isdir(parent):
+        raise FileOpsError("parent folder %s does not exist (create it first)" % parent)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode if mode is not None else 0o644))
+    return True
+
+
+def _state_link(path, kind, params, mode, check, actions):
+    src = params.get("src")
+    if not src:
+        raise FileOpsError("state: link needs src (what the link points to)")
+    if kind == "link" and os.readlink(path) == src:
+        return False
+    if kind not in (None, "link", "file"):
+        raise FileOpsError("%s is a %s; a link would replace it" % (path, kind))
+    actions.append("link -> %s" % src)
+    if check:
+        return False
+    tmp = "%s.fleetctl-link-%d" % (path, os.getpid())
+    os.symlink(src, tmp)
+    os.replace(tmp, path)
+    return True
+
+
+_STATES = {"file": _state_file, "directory": _state_directory, "touch": _state_touch, "link": _state_link}
 
 
 def read(params):
