@@ -60,17 +60,12 @@ def _help(command: click.Command) -> str:
 
 def _options(ctx: click.Context) -> list[str]:
     rows = [record for p in ctx.command.get_params(ctx)
-            if p.name != "help" and (record := p.get_help_record(ctx)) is not None]
+            if isinstance(p, click.Option) and "--help" not in p.opts and (record := p.get_help_record(ctx))]
     if not rows:
         return []
     out = ["| option | meaning |", "| --- | --- |"]
     out += [f"| `{flags}` | {cell(text)} |" for flags, text in rows]
     return [*out, ""]
-
-
-def _arguments(command: click.Command) -> str:
-    return " ".join(p.make_metavar(click.Context(command)) if hasattr(p, "make_metavar") else p.name or ""
-                    for p in command.params if isinstance(p, click.Argument))
 
 
 def _command_pages(ctx: click.Context, depth: int) -> Iterator[str]:
