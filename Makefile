@@ -12,11 +12,12 @@ FULL_LOCK   := playbooks/files/locks/sglang-0.5.23-full.lock
 FULL_WHEELS ?= /var/cache/fleetctl-wheels/sglang-0.5.23
 export FLEETCTL_FULL_WHEELS := $(FULL_WHEELS)
 
-.PHONY: help deps sshd cc chromium wheels demo test lint typecheck pytest bench lab-down clean
+.PHONY: help deps sshd cc chromium wheels demo test lint typecheck docs pytest bench lab-down clean
 
 help:
 	@echo "make demo   - start the lab fleet and run the main job on it"
-	@echo "make test   - ruff, mypy and the whole pytest suite (lab end-to-end tests included)"
+	@echo "make test   - ruff, mypy, the docs and the whole pytest suite (lab end-to-end tests included)"
+	@echo "make docs   - the generated references checked current, the site built --strict (.cache/site)"
 	@echo "make bench  - benchmarks, side by side with peers"
 
 $(STAMP):
@@ -75,7 +76,13 @@ wheels:
 pytest: deps chromium wheels
 	$(BIN)/pytest -q -p no:cacheprovider --whole-suite -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
-test: lint typecheck pytest
+# The site (mkdocs.yml, docs/): the references generated from the code must be current (else: run
+# scripts/gen_docs.py), and --strict fails on a broken link or anchor and on a page left out of the nav.
+docs: $(STAMP)
+	FLEETCTL_CONFIG=none $(BIN)/python scripts/gen_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: lint typecheck docs pytest
 
 # bench/run.py starts its own labs (8 and 32 hosts), installs the peers (ansible-core, pyinfra) into
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.

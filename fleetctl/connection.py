@@ -69,7 +69,8 @@ def unknown_ansible_var(name: str) -> str | None:
     """Why an ``ansible_*`` variable cannot be used, or None when fleetctl reads it (or it is not one)."""
     if not name.startswith("ansible_") or name in ANSIBLE_VARS:
         return None
-    return f"{name} is not a connection variable fleetctl implements (see README: Inventory); remove or rename it"
+    return (f"{name} is not a connection variable fleetctl implements (see the host variables reference); "
+            "remove or rename it")
 
 
 def describe_type(value: Any) -> str:

@@ -6,13 +6,27 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """What the process exit status means (see README)."""
+    """What the process exit status means (the exit codes reference is generated from it)."""
 
     OK = 0
     BAD_ANSWER = 1  # the answer is "bad": drift found, an expectation failed
     HOST_FAILED = 2  # some hosts failed or were unreachable
     USAGE = 3  # usage or input error
     INTERNAL = 4  # a bug in fleetctl: traceback written to a log file
+
+
+# What each exit status means to a person (the exit codes reference is generated from this).
+EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
+    (ExitCode.OK, "every host ok"),
+    (ExitCode.BAD_ANSWER, 'the answer is "bad": drift found, an expectation failed, a host\'s GPU health red, '
+                          "a question answered no"),
+    (ExitCode.HOST_FAILED, "some hosts failed or were unreachable (the others' results are still printed), "
+                           "or a rollout halted"),
+    (ExitCode.USAGE, "usage or input error: one line names the file and line, or the host"),
+    (ExitCode.INTERNAL, "a bug in fleetctl: the traceback is written to `~/.cache/fleetctl/crash-*.log` "
+                        "(`FLEETCTL_LOG_DIR`)"),
+    (130, "interrupted (Ctrl-C): work in flight finished or rolled itself back, nothing new started"),
+)
 
 
 class FleetError(Exception):

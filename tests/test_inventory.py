@@ -642,10 +642,10 @@ def test_large_inventory_loads(tmp_path: Path) -> None:
                               "(give it a [section] of its own)"),
         ("[a]\n[a:vars]\nnovalue\n", "hosts.ini:3: expected key=value in [a:vars], got 'novalue'"),
         ("[a]\nh ansible_colour=red\n", "hosts.ini:2: host 'h': ansible_colour is not a connection variable "
-                                        "fleetctl implements (see README: Inventory); remove or rename it"),
+                                        "fleetctl implements (see the host variables reference); remove or rename it"),
         ("[a]\n[a:vars]\nansible_colour=red\n",
          "hosts.ini:3: group 'a': ansible_colour is not a connection variable fleetctl implements "
-         "(see README: Inventory); remove or rename it"),
+         "(see the host variables reference); remove or rename it"),
         ("[a]\nct[3:1]\n", "hosts.ini:2: host range '[3:1]' must have begin <= end"),
         ("[a]\nh x='unclosed\n", "hosts.ini:2: cannot split host line like a shell line: No closing quotation"),
         ("[a]\nh:\n", "hosts.ini:2: host 'h:' ends in ':' (reserved for a port)"),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import host_options, venv_option
 from fleetctl.errors import ExitCode
@@ -13,7 +14,8 @@ from fleetctl.errors import ExitCode
 
 @click.command()
 @venv_option
-@click.option("--baseline", "baseline_host", metavar="HOST", help="Compare against this host.")
+@click.option("--baseline", "baseline_host", metavar="HOST", shell_complete=complete.host_names,
+              help="Compare against this host.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Compare against a lock file (pip freeze output or name==version pins).")
 @click.option("--packages", "packages", multiple=True, metavar="GLOB", help="Only these packages (repeatable).")

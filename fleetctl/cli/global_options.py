@@ -17,6 +17,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 
 ENV_HELP = (
@@ -37,7 +38,8 @@ SPECS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
         "Inventory source, repeatable: an Ansible YAML or INI file, a directory of them, an executable "
         "inventory script, or 'host1,host2,'. Env: FLEETCTL_INVENTORY (a ',' or ':' list)."}),
     (("-l", "--limit"), "limit", {"metavar": "PATTERN", "help":
-        "Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+', 'all'. Commands that change hosts need one."}),
+        "Host pattern, as Ansible: 'gpu:!ct129', '~ct1[0-9]+', 'all'. Commands that change hosts need one.",
+        "shell_complete": complete.host_patterns}),
     (("-f", "--forks"), "forks", {"type": click.IntRange(1, 1024), "default": None,
                                   "help": "Hosts worked on in parallel (default 32, or the config file's forks)."}),
     (("--json",), "as_json", {"is_flag": True, "help": "Print one JSON document instead of tables."}),

@@ -1,4 +1,4 @@
-"""Commands that change hosts ask before they do (issue 31, item 4): ``deploy``, ``rollback``,
+"""Commands that change hosts ask before they do: ``deploy``, ``rollback``,
 ``service start|stop|restart``, ``releases remove`` and ``shell``.
 
 - They need an explicit target, ``-l PATTERN`` (``-l all`` for every host): without one they refuse

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import exit_code_for, host_options, venv_option
 from fleetctl.errors import ExitCode, InputError
@@ -96,7 +97,8 @@ def print_plan(tuned: TunedSet, results: dict[str, HostResult[KernelPlan]]) -> N
 
 
 @kernels.command()
-@click.option("--from", "from_host", required=True, metavar="HOST", help="The host the tuning ran on.")
+@click.option("--from", "from_host", required=True, metavar="HOST", shell_complete=complete.host_names,
+              help="The host the tuning ran on.")
 @click.option("--src", required=True, metavar="DIR", help="Folder on that host holding the tuner's *.json output.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR, show_default=True,
               help="The repo's tuned configs; files go into its triton_X_Y_Z folder for the host's triton.")

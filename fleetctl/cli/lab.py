@@ -41,7 +41,7 @@ def _table(statuses: Sequence[LabHostStatus]) -> str:
     )
 
 
-@click.group(name="lab")
+@click.group(name="lab", hidden=True)  # a test and demo harness (root only), not an operator's command
 def lab() -> None:
     """Run N real OpenSSH hosts (lab1..labN) on this machine, each in its own namespaces."""
 

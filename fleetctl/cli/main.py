@@ -52,11 +52,34 @@ class LazyGroup(click.Group):
             assert isinstance(command, click.Command)
         if command is not None:
             global_options.attach(command)
+            whole_summaries(command)
         return command
 
 
+def whole_summaries(command: click.Command) -> None:
+    """Each command's summary in a listing is its help's whole first sentence, wrapped, never cut
+    with "..." (click cuts it at 45 characters unless short_help is set)."""
+    if command.short_help is None and command.help:
+        command.short_help = command.get_short_help_str(limit=10_000)
+    for sub in getattr(command, "commands", {}).values():
+        whole_summaries(sub)
+
+
+EXAMPLES = """Examples:
+
+\b
+  fleetctl -i inv.yml hosts                  # hosts, groups, how each is reached
+  fleetctl -i inv.yml -l gpu ping            # every host of the group gpu
+  fleetctl -i inv.yml drift --venv /opt/env  # what differs between the venvs
+  fleetctl -i inv.yml -l canary deploy release.yml
+  fleetctl -i inv.yml run deploy.yml --check --diff
+
+Shell completion (hosts, groups, release ids, run ids), in ~/.bashrc:
+eval "$(_FLEETCTL_COMPLETE=bash_source fleetctl)" (zsh_source, fish_source for those shells)."""
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog=f"{global_options.ENV_HELP}\n\n{global_options.CONFIG_HELP}")
+             epilog=f"{EXAMPLES}\n\n{global_options.ENV_HELP}\n\n{global_options.CONFIG_HELP}")
 @global_options.group_options
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
@@ -66,7 +89,9 @@ def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None,
         vault_ids: tuple[str, ...], ask_vault_pass: bool, verbose: int, assume_yes: bool) -> None:
     """Run a fleet of GPU inference hosts: facts, probes, drift audits, venvs, releases.
 
-    Global options go before or after the command (fleetctl -i INV ping, fleetctl ping -i INV).
+    Global options (the ones below) go before the command: fleetctl -i INV -l gpu ping. They are
+    accepted after it too (fleetctl ping -i INV), except where the command has a flag of its own of
+    that name (probe grep -i, logs -f): its --help says so; give those before the command.
     Commands that change hosts (deploy, rollback, service start|stop|restart, releases remove, shell)
     need a target, -l PATTERN or -l all, and on a terminal ask before they start (--yes: don't ask).
     """

@@ -9,6 +9,7 @@ import click
 import yaml
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import ExitCode
 from fleetctl.probes import Expect, check_expectation
@@ -95,7 +96,7 @@ def _app(ctx: click.Context) -> AppContext:
 def host_options(fn: Any) -> Any:
     """``-l`` and ``--json`` accepted after the command too (``fleetctl hosts -l gpu --json``)."""
     fn = click.option("-l", "--limit", metavar="PATTERN", expose_value=False, callback=_set_limit,
-                      help="Host pattern (overrides the global -l).")(fn)
+                      shell_complete=complete.host_patterns, help="Host pattern (overrides the global -l).")(fn)
     fn = click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
                       help="Print one JSON document.")(fn)
     return fn

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
@@ -152,7 +153,8 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 
 
 @click.command()
-@click.option("--to", "to", metavar="RELEASE_ID", help="The release id to return to (default: the previous one).")
+@click.option("--to", "to", metavar="RELEASE_ID", shell_complete=complete.release_ids,
+              help="The release id to return to (default: the previous one).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
 @click.option("--check", is_flag=True, help="Name each host's target release; switch nothing.")
 @break_lock_option
@@ -257,7 +259,7 @@ def list_releases(app: AppContext) -> int:
 
 
 @releases.command(name="remove")
-@click.argument("release_id", metavar="RELEASE_ID")
+@click.argument("release_id", metavar="RELEASE_ID", shell_complete=complete.release_ids)
 @yes_option
 @host_options
 @click.pass_obj

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import host_options, venv_option
 
@@ -16,7 +17,8 @@ from fleetctl.cli.options import host_options, venv_option
 @click.option("--output", "output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the HTML page here (one file: no network, no external assets).")
 @venv_option
-@click.option("--baseline", "baseline_host", metavar="HOST", help="Judge drift against this host.")
+@click.option("--baseline", "baseline_host", metavar="HOST", shell_complete=complete.host_names,
+              help="Judge drift against this host.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Judge drift against a lock file (pip freeze output or name==version pins).")
 @click.option("--packages", "packages", multiple=True, metavar="GLOB", help="Only these packages (repeatable).")

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import host_options, parse_extra_vars
 
@@ -32,7 +33,8 @@ def _split(values: tuple[str, ...]) -> frozenset[str]:
 @click.option("--tags", multiple=True, metavar="TAG[,TAG]", help="Only tasks with one of these tags (and 'always').")
 @click.option("--skip-tags", multiple=True, metavar="TAG[,TAG]", help="Leave out tasks with these tags.")
 @click.option("--start-at-task", metavar="NAME", help="Start at the first task of this name.")
-@click.option("--resume", "resume", metavar="RUN_ID", help="Go on with a halted or interrupted run: "
+@click.option("--resume", "resume", metavar="RUN_ID", shell_complete=complete.run_ids,
+              help="Go on with a halted or interrupted run: "
               "hosts that finished it are skipped; rollbacks still go to what ran before it first started.")
 @click.option("--rollback-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds a rollback (on_failure) waits for /health on each host.")
@@ -303,7 +305,7 @@ def list_runs(app: AppContext, as_json: bool) -> int:
 
 
 @runs.command(name="show")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete.run_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print every event of the journal as JSON.")
 @click.pass_obj
 def show_run(app: AppContext, run_id: str, as_json: bool) -> int:

@@ -11,6 +11,7 @@ from typing import Literal
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import InputError
 from fleetctl.playbook.interact import NO_TERMINAL, Operator, Terminal
@@ -48,7 +49,7 @@ def _answer(app: AppContext, run_id: str, decision: Literal["promote", "abort"])
 
 
 @click.command(name="promote")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete.run_ids)
 @click.pass_obj
 def promote(app: AppContext, run_id: str) -> int:
     """Open the approval gate RUN_ID waits at: its next batch starts (journaled with who said so)."""
@@ -56,7 +57,7 @@ def promote(app: AppContext, run_id: str) -> int:
 
 
 @click.command(name="abort")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete.run_ids)
 @click.pass_obj
 def abort(app: AppContext, run_id: str) -> int:
     """Stop RUN_ID at its approval gate (or before its next batch): halted, `on_failure` applies."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleetctl import render
+from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import exit_code_for, host_options
 from fleetctl.errors import InputError
@@ -67,7 +68,8 @@ def _print_create(results: dict[str, HostResult[CreateOutcome]]) -> None:
 
 
 @venv.command()
-@click.option("--from", "source", required=True, metavar="HOST", help="The host whose venv is copied.")
+@click.option("--from", "source", required=True, metavar="HOST", shell_complete=complete.host_names,
+              help="The host whose venv is copied.")
 @click.option("--venv", "path", required=True, metavar="PATH", help="The venv on the source (and targets).")
 @click.option("--to-venv", "to_venv", metavar="PATH", help="The venv on the targets, when it lies elsewhere.")
 @click.option("--packages", multiple=True, metavar="GLOB", help="Only these distributions (repeatable).")

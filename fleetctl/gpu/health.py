@@ -1,8 +1,8 @@
-"""GPU health rules: pure functions over the parsed ``nvidia-smi -q -x`` facts (``gpu.py``), the NVLink
-state and the kernel log's Xids (``gpu_logs.py``). Each rule gives one check: green, amber or red,
+"""GPU health rules: pure functions over the parsed ``nvidia-smi -q -x`` facts (``smi.py``), the NVLink
+state and the kernel log's Xids (``logs.py``). Each rule gives one check: green, amber or red,
 with the value that decided it. Thresholds come from inventory variables (``Thresholds.from_vars``);
-their defaults are written here and in the README. The CLI, the facts and the playbook module only
-call ``evaluate``.
+their defaults are written here and in the host variables reference. The CLI, the facts and the
+playbook module only call ``evaluate``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Inventory variables (``gpu_*``), with their defaults; see the README's GPU health section."""
+    """Inventory variables (``gpu_*``), with their defaults; see the host variables reference."""
 
     ecc_correctable_max: int = 1000  # gpu_ecc_correctable_max: more correctable errors (volatile or aggregate): amber
     retired_pages_max: int = 10  # gpu_retired_pages_max: more retired pages (single + double bit): amber

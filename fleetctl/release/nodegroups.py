@@ -21,9 +21,9 @@ def node_vars(hosts: Mapping[str, Mapping[str, Any]], var: str) -> dict[str, dic
             groups.setdefault(key, []).append(name)
     out: dict[str, dict[str, Any]] = {}
     for members in groups.values():
-        first = hosts[members[0]]
-        where = first.get("service_host") or first.get("ansible_host") or members[0]
-        addr = f"{where}:{first.get('dist_init_port', 20000)}"
+        first_vars = hosts[members[0]]
+        where = first_vars.get("service_host") or first_vars.get("ansible_host") or members[0]
+        addr = f"{where}:{first_vars.get('dist_init_port', 20000)}"
         for rank, name in enumerate(members):
             out[name] = {"nnodes": len(members), "node_rank": rank, "dist_init_addr": addr}
     return out

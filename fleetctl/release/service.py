@@ -45,14 +45,16 @@ class HostLayout:
         return {"root": self.root, "state_dir": self.state_dir}
 
 
+LAYOUT_VARS = (hostpaths.ROOT_VAR, hostpaths.STATE_VAR, "service_host", "service_port", "service_manager")
+
+
 def layout_for(host_vars: Mapping[str, object]) -> HostLayout:
     """Host vars ``fleetctl_root``, ``fleetctl_state_dir``, ``service_host``, ``service_port`` and
     ``service_manager`` (systemd | process; detected on the host when unset); each may be a template
     over the host's variables (``service_port: "{{ base_port + 1 }}"``), rendered here."""
-    names = (hostpaths.ROOT_VAR, hostpaths.STATE_VAR, "service_host", "service_port", "service_manager")
     lazy = templating.LazyVars(host_vars)
     try:
-        found = {name: lazy.get(name) for name in names}
+        found = {name: lazy.get(name) for name in LAYOUT_VARS}
     except templating.TemplateProblem as exc:
         raise InputError(f"host variables: {exc}") from None
     port, manager = found["service_port"], found["service_manager"]

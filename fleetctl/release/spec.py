@@ -20,16 +20,21 @@ SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A docstring under a field is its meaning: the release-spec reference is generated from them.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Base(_Strict):
     """Where the release's venv comes from: an existing venv on each host, or a pinned set."""
 
     adopt: str | None = None
+    """An existing venv on each host (absolute path), cloned into each release."""
     lock: str | None = None
+    """A lock file (pinned requirements) the base venv is built from, once per lock under bases/."""
     wheelhouse: str | None = None
+    """A folder of wheels for ``lock``, uploaded to hosts that lack them (offline install)."""
     python: str | None = None
+    """The interpreter a ``lock`` base is created with (default: the host's python3)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> Base:
@@ -42,9 +47,13 @@ class Base(_Strict):
 
 class PatchRef(_Strict):
     file: str | None = None
-    series: str | None = None  # a series.yml listing patch files, each with distribution and version
+    """A unified diff, applied exactly (no fuzz) to the installed files of ``distribution``."""
+    series: str | None = None
+    """A series.yml listing patch files, each with its distribution and version."""
     distribution: str | None = None
+    """The distribution ``file`` patches (``sglang``)."""
     version: str | None = None
+    """The version ``file`` was made against; a host with another version is refused."""
 
     @model_validator(mode="after")
     def _file_or_series(self) -> PatchRef:
@@ -57,9 +66,13 @@ class PatchRef(_Strict):
 
 class ProbeGate(_Strict):
     symbol: str | None = None
+    """A symbol that must be defined in ``package`` (``SpeculativeAlgorithm.DDTREE``)."""
     import_: str | None = Field(default=None, alias="import")
+    """A module (``MODULE[:ATTR]``) that must import in the release's venv."""
     package: str = "sglang"
+    """The installed package ``symbol`` is looked for in."""
     expect: Literal["present", "absent"] = "present"
+    """Whether the symbol or import must be there or must not."""
 
     @model_validator(mode="after")
     def _one(self) -> ProbeGate:
@@ -70,9 +83,13 @@ class ProbeGate(_Strict):
 
 class Threshold(_Strict):
     field: str
+    """A dotted field of the JSON answer (``internal_states.0.avg_spec_accept_length``)."""
     path: str = "/server_info"
+    """The server path asked."""
     min: float | None = None
+    """The gate fails below this."""
     max: float | None = None
+    """The gate fails above this."""
 
 
 class Warmup(_Strict):
@@ -80,10 +97,15 @@ class Warmup(_Strict):
     acceptance length until it has served a speculative decode step."""
 
     requests: int = Field(default=3, ge=1, le=100)
+    """Generations sent."""
     max_tokens: int = Field(default=64, ge=1, le=4096)
+    """Tokens asked of each generation."""
     prompt: str = "Explain speculative decoding in one paragraph."
+    """The prompt sent."""
     path: str = "/generate"
+    """The server path (``/generate`` or ``/v1/completions``)."""
     timeout: float = Field(default=120.0, gt=0)
+    """Seconds the warm-up may take."""
 
 
 class Canary(_Strict):
@@ -91,18 +113,28 @@ class Canary(_Strict):
     the release that ran before on this host, and above the absolute floors."""
 
     max_regression_percent: float | None = Field(default=None, ge=0, le=100)
+    """How much worse than the release that ran before (acceptance length, decode tokens/s) is allowed."""
     min_accept_length: float | None = Field(default=None, ge=0)
+    """The lowest speculative acceptance length allowed."""
     min_decode_tps: float | None = Field(default=None, ge=0)
+    """The lowest decode tokens/s allowed."""
 
 
 class Health(_Strict):
     path: str = "/health"
+    """The path that must answer 200 after a restart."""
     timeout: float = Field(default=300.0, gt=0)
+    """Seconds to wait for it (a model's load included)."""
     interval: float = Field(default=1.0, gt=0)
+    """Seconds between two asks."""
     probes: list[ProbeGate] = Field(default_factory=list)
+    """Probes of the installed release that must pass."""
     warmup: Warmup | None = None
+    """Generations sent before the thresholds are read (needed by ``canary``)."""
     thresholds: list[Threshold] = Field(default_factory=list)
+    """Bounds on fields of the server's JSON answers."""
     canary: Canary | None = None
+    """The warm-up's numbers compared with the release that ran before on the host."""
 
     @model_validator(mode="after")
     def _canary_measures(self) -> Health:
@@ -142,11 +174,17 @@ class Instance(_Strict):
     service's same flag, the rest are added) and env; ``health`` replaces the spec's gates for it."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,40}$")
+    """The instance's name (unit ``sglang@NAME``)."""
     port: int | str
+    """Its port, or a template of host variables."""
     gpus: str | None = None
+    """Its ``CUDA_VISIBLE_DEVICES`` (``"0,1,2,3"``)."""
     args: list[str] = Field(default_factory=list)
+    """Launch args: a flag given here replaces the service's flag of that name, the rest are added."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment added to the service's (templates of host variables)."""
     health: Health | None = None
+    """Its own gates, in place of the spec's ``health``."""
 
     @field_validator("port", mode="before")
     @classmethod
@@ -166,20 +204,30 @@ class Instance(_Strict):
 
 class Service(_Strict):
     module: str = "sglang.launch_server"
+    """The Python module the server runs as (``python -m MODULE``)."""
     args: list[str] = Field(default_factory=list)
+    """Launch args, each a Jinja2 template of the host's variables (``--tp, "{{ tp_size }}"``)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment, written to ``service.env`` (0600); values may be templates (``"{{ HF_TOKEN }}"``)."""
     host: str = "127.0.0.1"
+    """The address the server listens on (host var ``service_host`` overrides it)."""
     port: int | str = 30000
-    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
+    """The server's port, or a template (host var ``service_port`` overrides it)."""
+    gpus: str | None = None
+    """``CUDA_VISIBLE_DEVICES`` for the server, a template too."""
     manager: Literal["auto", "systemd", "process"] = "auto"
+    """systemd units, fleetctl's supervisor (``process``), or whichever the host has (``auto``)."""
     stop_timeout: float = Field(default=30.0, gt=0)
-    standin: bool = False  # lab only: run fleetctl's stand-in SGLang server instead of the real one
-    # The service runs as this user (systemd User=, the supervisor drops privileges); None: the SSH user.
+    """Seconds a stopping server is given before it is killed."""
+    standin: bool = False
+    """Lab only: run fleetctl's stand-in SGLang server instead of the real one."""
     user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*[$]?$", max_length=32)
+    """The user the server runs as (systemd ``User=``; the supervisor drops to it); unset: the login user."""
     instances: list[Instance] = Field(default_factory=list)
-    # Multi-node servers: the inventory variable whose value names a host's node group; its hosts in
-    # inventory order get node_rank, nnodes and dist_init_addr (the group's first host).
+    """Several servers per host, each with its own name, port, GPUs, args and env."""
     node_group: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Multi-node servers: the host variable whose value groups hosts into one server; templates then get
+    ``nnodes``, ``node_rank`` and ``dist_init_addr``."""
 
     @field_validator("port", mode="before")
     @classmethod
@@ -220,20 +268,31 @@ def _valid_env(value: dict[str, str]) -> dict[str, str]:
 
 
 class Kernels(_Strict):
-    dir: str | None = None  # tuned Triton MoE configs (filled by the kernels work)
+    dir: str | None = None
+    """A folder of tuned Triton MoE configs (``triton_X_Y_Z/E=..,N=..,device_name=...json``)."""
 
 
 class ReleaseModel(_Strict):
     name: str = Field(pattern=SLUG)
+    """The release's name: the first part of its id ``<name>-<version>-<hash8>``."""
     version: str = Field(pattern=SLUG)
+    """Its version: the second part of the id."""
     description: str = ""
+    """Free text for people."""
     base: Base
-    requires: dict[str, str] = Field(default_factory=dict)  # distribution -> specifier, e.g. sglang: "==0.5.23"
+    """Where the release's venv comes from."""
+    requires: dict[str, str] = Field(default_factory=dict)
+    """Distribution -> version specifier the base must satisfy (``sglang: "==0.5.23"``)."""
     patches: list[PatchRef] = Field(default_factory=list)
+    """Patches applied to the release's copy of the base."""
     kernels: Kernels = Field(default_factory=Kernels)
+    """Tuned kernel configs merged with SGLang's own."""
     service: Service = Field(default_factory=Service)
+    """How the server runs."""
     health: Health = Field(default_factory=Health)
+    """The gates after each restart; a failure switches the host back."""
     keep_releases: int = Field(default=3, ge=2)
+    """Release folders kept on each host after a deploy (older ones pruned)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Private key files, read once per run instead of once per host (issue 23).
+"""Private key files, read once per run instead of once per host.
 
 paramiko's ``SSHClient`` parses a ``key_filename`` on every connection, trying the RSA, ECDSA and
 Ed25519 parsers in turn: three parses per host of the same file. Here a key that loads cleanly

@@ -43,7 +43,7 @@ class RunSettings:
     # Only for commands whose fan-out is one pass of read-only work (their CLI says so).
     workers: int = 1
     # A read-only command that works in a venv (drift, probe grep): each host's agent starts under
-    # that venv's python when the host has it, so its calls need no child interpreter (issue 23).
+    # that venv's python when the host has it, so its calls need no child interpreter.
     # ``venv``: the --venv given (None: each host's ``venv`` var). Fresh connections only: the
     # persistent-connection server already keeps an agent per interpreter.
     agent_in_venv: bool = False

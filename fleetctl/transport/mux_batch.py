@@ -1,4 +1,4 @@
-"""One request for a whole fleet's ping over kept connections (issue 23).
+"""One request for a whole fleet's ping over kept connections.
 
 A command over kept connections used to open one socket session per host, each in a thread of
 its own, and ask the server twice per host (attach, then ping): at 200 hosts that was 200 client

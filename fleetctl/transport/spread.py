@@ -1,4 +1,4 @@
-"""Fan-out over worker processes, so a run over many hosts is not bound to one core (issue 23).
+"""Fan-out over worker processes, so a run over many hosts is not bound to one core.
 
 Every fresh SSH connection costs the controller Python work (paramiko's packet layer, its
 transport thread, the agent protocol), and in one process all of it shares one GIL: past a few

@@ -113,7 +113,7 @@ def _sets_nothing_used(text: str) -> bool:
 def parse(text: str, sources: str, origins: dict[str, tuple[str, str]] | None = None) -> LoadedConfig:
     """``text`` as paramiko reads it; ``origins`` (default: all of it from ``sources``) names the files."""
     origins = origins if origins is not None else _origins([(Path(sources), line) for line in text.splitlines()])
-    if _sets_nothing_used(text):  # no paramiko import: a third of a short command's start (issue 23)
+    if _sets_nothing_used(text):  # no paramiko import: a third of a short command's start
         return LoadedConfig(None, sources, origins)
     import paramiko
 
