@@ -19,6 +19,9 @@ from fleetctl.transport.base import HostSession
 MODULE = "model_host"
 BAD_STATES = ("missing", "incomplete", "corrupt", "revision", "unverified")
 TIERS = ("quick", "deploy", "full")
+# Hashing reads every byte it must (a first verification of a 700 GB model: some 10-60 minutes at disk
+# speed), far past the per-command -T that fits everything else; a host that goes away still ends the call.
+HASH_TIMEOUT = 6 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def check_host(session: HostSession, refs: list[ModelRef], tier: str = "quick",
     """Verify ``refs`` on one host at ``tier`` (quick | deploy | full)."""
     params = {"op": "verify", "tier": tier, "cache_dir": hostpaths.cache_dir(session.vars),
               "models": [r.host_params() for r in refs]}
-    answer = session.call(MODULE, params, timeout=timeout)
+    answer = session.call(MODULE, params, timeout=timeout or (None if tier == "quick" else HASH_TIMEOUT))
     return [read_answer(ref, got) for ref, got in zip(refs, answer["models"], strict=True)]
 
 
