@@ -147,3 +147,27 @@ def test_remove_of_a_snapshot_keeps_blobs_another_snapshot_links(tmp_path: Path)
     HOST.main({"op": "remove", "root": str(tmp_path / "opt"), "models": [params(a)]})
     assert not a.path.exists()
     assert verify(b, "full", tmp_path / "cache")["state"] == "ok"
+
+
+def test_a_damaged_small_blob_is_named_against_its_git_sha1(tmp_path: Path) -> None:
+    model = make_hf_cache_model(tmp_path / "hub")
+    config = Path(os.path.realpath(model.path / "config.json"))
+    config.write_bytes(config.read_bytes().replace(b"qwen3", b"qwen2"))  # same size, other bytes
+    out = verify(model, "quick", tmp_path / "cache")  # no manifest kept: derived from the blob names
+    assert [(p["file"], p["kind"]) for p in out["problems"]] == [("config.json", "corrupt")]
+    assert "its blob name says" in out["problems"][0]["what"]
+
+
+def test_remove_refuses_a_folder_holding_a_model_a_kept_release_names(tmp_path: Path) -> None:
+    model = folder_with_manifest(tmp_path)
+    root = tmp_path / "opt"
+    (root / "releases/r1").mkdir(parents=True)
+    (root / "releases/r1/service.json").write_text(json.dumps({"models": {"main": {"path": str(model.path)}}}))
+    (model.path.parent / "config.json").write_text("{}")  # the parent looks like a model too
+    parent = {"key": "all", "layout": "folder", "path": str(model.path.parent)}
+    try:
+        HOST.main({"op": "remove", "root": str(root), "models": [parent]})
+        raise AssertionError("removed")
+    except ValueError as exc:
+        assert f"{model.path} is used by kept release r1" in str(exc)
+    assert model.path.is_dir()

@@ -104,7 +104,7 @@ def check_host(session: HostSession, refs: list[ModelRef], tier: str = "quick",
 
 def current_on_host(session: HostSession) -> list[ModelState]:
     """The models of the release serving on the host (its service.json), quick tier."""
-    params = {"op": "current", "root": hostpaths.root(session.vars), "cache_dir": hostpaths.cache_dir(session.vars)}
+    params = {"op": "current", "root": _root(session), "cache_dir": hostpaths.cache_dir(session.vars)}
     answer = session.call(MODULE, params)
     refs = [ModelRef(str(r["key"]), str(r["layout"]), str(r.get("path") or r.get("cache")), r.get("repo"),
                      r.get("revision") or r.get("expect_revision")) for r in answer["refs"]]
@@ -118,13 +118,20 @@ def drift_rows(states: list[ModelState]) -> dict[str, str | None]:
 
 def remove_on_host(session: HostSession, refs: list[ModelRef]) -> list[dict[str, Any]]:
     """Remove ``refs`` from one host; a model a kept release names is refused in one line."""
-    params = {"op": "remove", "root": hostpaths.root(session.vars), "models": [r.host_params() for r in refs]}
+    params = {"op": "remove", "root": _root(session), "models": [r.host_params() for r in refs]}
     try:
         return list(session.call(MODULE, params)["models"])
     except RemoteOperationError as exc:
         if exc.etype == "ValueError":
             raise HostError(session.name, exc.remote_message) from None
         raise
+
+
+def _root(session: HostSession) -> str:
+    """fleetctl_root as the releases see it (a template over host vars rendered)."""
+    from fleetctl.release.service import layout_for
+
+    return layout_for(session.vars).root
 
 
 def refusal(states: list[ModelState]) -> str | None:

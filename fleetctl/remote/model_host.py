@@ -88,6 +88,9 @@ def manifest_of(m, base, problems):
     if m["layout"] == "hf_cache":
         try:
             return build_from_hf_cache(m["cache"], m["repo"], m["revision"])
+        except BlobMismatch as exc:
+            problems.append((exc.rel, "corrupt", str(exc)))
+            return None
         except (ManifestError, OSError):
             return None  # a dangling link: the listing below names it
     problems.append((FOLDER_MANIFEST, "unverified", "no manifest beside the model (written by `models sync`)"))
@@ -210,8 +213,9 @@ def kept_model_paths(root):
 def remove_model(m, root):
     base = os.path.normpath(model_base(m))
     used = kept_model_paths(root)
-    if base in used:
-        raise ValueError("%s is used by kept release %s: not removed" % (base, used[base]))
+    for path, release in sorted(used.items()):
+        if path == base or path.startswith(base + os.sep):
+            raise ValueError("%s is used by kept release %s: not removed" % (path, release))
     if not os.path.isdir(base):
         return {"key": m.get("key"), "path": base, "removed": False, "freed_bytes": 0}
     if m["layout"] == "folder":

@@ -30,6 +30,14 @@ class ManifestError(ValueError):
     """A manifest that cannot be read or is not one; the text names the file."""
 
 
+class BlobMismatch(ManifestError):
+    """A small HF blob whose bytes are not those its git-sha1 name says."""
+
+    def __init__(self, rel, blob, found):
+        ManifestError.__init__(self, "git-sha1 %s..., its blob name says %s..." % (found[:12], blob[:12]))
+        self.rel = rel
+
+
 def sha256_file(path):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -126,6 +134,9 @@ def build_from_hf_cache(cache, repo, revision):
         else:
             entry["sha256"] = sha256_file(real)
             if SHA1_NAME.match(blob):
+                found = git_sha1_file(real, size)
+                if found != blob:  # a small file proves itself against its name: no hash is taken from bad bytes
+                    raise BlobMismatch(rel, blob, found)
                 entry["git_sha1"] = blob
         files.append(entry)
     return new_manifest(repo, revision, "hf_cache", files, repo=repo)
