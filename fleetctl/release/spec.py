@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetctl import yamlfile
+from fleetctl.models.spec import ModelRef, Models, refs
 
 SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -293,6 +294,8 @@ class ReleaseModel(_Strict):
     """The gates after each restart; a failure switches the host back."""
     keep_releases: int = Field(default=3, ge=2)
     """Release folders kept on each host after a deploy (older ones pruned)."""
+    models: Models = Field(default_factory=dict)
+    """Role (``main``, ``draft``) -> the model it serves: checked on each host before the switch."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,11 @@ class ReleaseSpec:
     patches: tuple[PatchFile, ...]
     digest: str
     base_lock_digest: str = ""  # sha256 of base.lock's file, names the base venv built from it
+
+    @property
+    def models(self) -> list[ModelRef]:
+        """The models the release needs; their revisions are in the spec text, so in the release id."""
+        return refs(self.model.models)
 
 
 def load_spec(path: str | Path) -> ReleaseSpec:
