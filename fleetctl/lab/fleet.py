@@ -91,7 +91,7 @@ def host_status(paths: LabPaths, host: LabHost) -> LabHostStatus:
         if sshd.process_alive(host.pid):
             return down(f"pid {host.pid} now belongs to another process")
         return down(f"pid {host.pid} has exited")
-    banner = sshd.read_banner(host.address)
+    banner = sshd.answers_ssh(host.address)
     if banner is None:
         return down(f"pid {host.pid} runs but {host.address}:22 sends no SSH banner")
     return LabHostStatus(host.name, host.address, host.pid, UP, banner)
@@ -122,7 +122,7 @@ def _adopt_or_clear(paths: LabPaths, host: LabHost) -> bool:
         return True
     config = paths.sshd_config(host.name)
     strays = sshd.find_our_sshd(config)
-    if len(strays) == 1 and sshd.read_banner(host.address):
+    if len(strays) == 1 and sshd.answers_ssh(host.address):
         host.pid = strays[0]  # ours and answering, but lab.json lost it (a killed or wiped run)
         return True
     for pid in strays:
