@@ -102,7 +102,8 @@ def test_sglang_parser_sees_the_launch_args_without_the_stand_ins_own_flags() ->
     expected = ["--model-path", "/m", "--tp", "2", "--speculative-algorithm", "DFLASH"]
     opts = argparse.Namespace(health_status=200, accept_length=3.0, decode_tps=100.0, start_delay=0.0,
                               health_hang=False, bind_delay=0.0)
-    assert without_standin(launch) == expected
+    assert without_standin(launch, standin=True) == expected
+    assert without_standin(launch, standin=False) == launch  # a real spec's args reach SGLang whole
     assert fake_sglang.sglang_flags(launch, opts) == expected
     core = Path(__file__).resolve().parents[1] / "fleetctl" / "release"
     assert not [p.name for p in core.glob("*.py") if "fleetctl.lab" in p.read_text()]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetctl.errors import LabError
-from fleetctl.lab import files, sshd
+from fleetctl.lab import files, reboot, sshd
 from fleetctl.lab.state import (
     LabHost,
     LabPaths,
@@ -187,6 +187,8 @@ def lab_up(hosts: int, directory: Path | str, base_address: str = "127.0.1.0") -
         save_state(paths, state)
         _start_hosts(paths, state, todo)
         save_state(paths, state)
+        for host in state.hosts:
+            reboot.mark_lab_host(paths, host.name)
         files.write_inventory(paths, state.hosts)
         files.write_known_hosts(paths, state.hosts)
         statuses = [host_status(paths, h) for h in state.hosts]

@@ -243,9 +243,12 @@ def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[st
 STANDIN_SWITCHES = frozenset({"--standin-health-hang"})
 
 
-def without_standin(launch: list[str]) -> list[str]:
-    """The launch args without the stand-in's own ``--standin-*`` flags and their values: what the
-    real SGLang parser would be given."""
+def without_standin(launch: list[str], standin: bool) -> list[str]:
+    """For a stand-in spec (``service.standin``), the launch args without the stand-in's own
+    ``--standin-*`` flags and their values: what the real SGLang parser would be given. Any other
+    spec's args are SGLang's, whole: a ``--standin-*`` there is SGLang's to refuse."""
+    if not standin:
+        return list(launch)
     kept: list[str] = []
     skip = False
     for arg in launch:
