@@ -69,12 +69,19 @@ typecheck: $(STAMP)
 wheels:
 	$(PY) scripts/wheelhouse.py fetch $(FULL_LOCK) $(FULL_WHEELS)
 
-# --whole-suite (tests/skip_guard.py): a skip not on tests/skip_allowlist.py, a deselected test, or
-# fewer than 140 lab tests passed (not root, no unshare, ...) fails the run. Two pytest-xdist
+# --whole-suite (tests/skip_guard.py): a skip or xfail not on tests/skip_allowlist.py, a deselected
+# test, a test file not collected, or a lab test collected that did not pass (not root, no unshare,
+# ...) fails the run; the guard writes its verdict to GUARD_VERDICT, and a run without it (the plugin
+# disabled with -p no:..., in PYTEST_ADDOPTS say) fails here. Two pytest-xdist
 # workers, each with its own labs (tests/lab_support.py), take whole modules, longest first
 # (tests/conftest.py): most of a lab test's time is spent waiting on sshd and servers.
+GUARD_VERDICT := $(VENV)/skip-guard.verdict
 pytest: deps chromium wheels
-	$(BIN)/pytest -q -p no:cacheprovider --whole-suite -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	rm -f $(GUARD_VERDICT)
+	$(BIN)/pytest -q -p no:cacheprovider --whole-suite --guard-verdict $(GUARD_VERDICT) -n 2 --dist loadfile \
+	  --no-loadscope-reorder --durations=25
+	@grep -qx 'skip guard: ok' $(GUARD_VERDICT) 2>/dev/null \
+	  || { echo "the skip guard did not pass this run ($(GUARD_VERDICT) missing or failed)"; exit 1; }
 
 # The site (mkdocs.yml, docs/): the references generated from the code must be current (else: run
 # scripts/gen_docs.py), and --strict fails on a broken link or anchor and on a page left out of the nav.

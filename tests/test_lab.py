@@ -305,3 +305,23 @@ def test_hosts_keep_their_accounts_when_the_machine_replaces_its_files(lab_fleet
         assert lab_fleet.ssh(host, f"getent passwd {LAB_USER}", check=False).returncode == 0
         assert lab_fleet.ssh(host, "sudo -n id -u", user=LAB_USER).stdout.strip() == "0"
     assert LAB_USER not in Path("/etc/passwd").read_text()
+
+
+@lab_mark
+def test_lab_up_waits_for_a_slow_host_instead_of_restarting_it(scratch_lab: LabHandle) -> None:
+    """A host whose sshd is alive but answers late (stopped for 4 s here, as a loaded machine can
+    delay it) is up, not down: `lab up` keeps its pid instead of killing it under its users."""
+    import signal
+    import threading
+
+    before = scratch_lab.pids()
+    os.kill(before["lab1"], signal.SIGSTOP)
+    resume = threading.Timer(4.0, os.kill, (before["lab1"], signal.SIGCONT))
+    resume.start()
+    try:
+        fleet = lab_up(2, scratch_lab.dir, scratch_lab.base_address)
+    finally:
+        resume.join()  # the host is never left stopped
+    assert fleet.started == []
+    assert {h.name: h.pid for h in fleet.hosts} == before
+    assert scratch_lab.ssh("lab1", "hostname").stdout.strip() == "lab1"

@@ -255,7 +255,7 @@ def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
 
     from fleetctl.connection import ConnectionSpec
 
-    source = SimpleNamespace(name="lab1", host=SimpleNamespace(
+    source = SimpleNamespace(name="lab1", connector=None, host=SimpleNamespace(
         connection=ConnectionSpec("ssh", "10.0.0.1", 2222, "ops", connect_timeout=7.0)))
     target = SimpleNamespace(name="lab2", vars={"direct_ssh_key": "/root/.ssh/fleet key"})
     command = stream.stream_command("overlay_source", "/opt/my venv/bin/python")
@@ -264,6 +264,37 @@ def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
     assert argv[argv.index("-i") + 1] == "/root/.ssh/fleet key" and argv[argv.index("-p") + 1] == "2222"
     assert argv[-2:] == ["ops@10.0.0.1", command] and "StrictHostKeyChecking=no" not in argv
     assert shlex.split(command)[:3] == ["exec", "/opt/my venv/bin/python", "-c"]
+
+
+def test_direct_argv_checks_every_jump_hop_strictly_as_the_controller_resolved_it(tmp_path: Path) -> None:
+    """Each hop a ProxyCommand of its own with StrictHostKeyChecking=yes (not -J, whose hops follow the
+    target's ssh_config), first hop innermost, its %-tokens doubled once per level; a hop that is not
+    a plain [user@]host[:port] is refused."""
+    from types import SimpleNamespace
+
+    from fleetctl.connection import ConnectionSpec
+    from fleetctl.errors import HostError
+    from fleetctl.transport.target import SSHTarget
+
+    known = tmp_path / "known_hosts"
+    first = SSHTarget("10.0.0.1", 22, "jump", known, 5.0)
+    second = SSHTarget("bastion-2", 2200, "ops", known, 5.0, jump=first)
+    connector = SimpleNamespace(target=SSHTarget("10.0.0.9", 22, "root", known, 5.0, jump=second))
+    source = SimpleNamespace(name="lab1", connector=connector, host=SimpleNamespace(
+        connection=ConnectionSpec("ssh", "10.0.0.9", 22, "root", jump="b2")))
+    target = SimpleNamespace(name="lab2", vars={})
+    argv = stream.direct_argv(source, target, "true")  # type: ignore[arg-type]
+    assert "-J" not in argv
+    outer = shlex.split(argv[argv.index("-o", argv.index("ServerAliveCountMax=3")) + 1].removeprefix("ProxyCommand="))
+    assert outer[-3:] == ["%h:%p", "--", "bastion-2"] and outer[outer.index("-p") + 1] == "2200"
+    assert "StrictHostKeyChecking=yes" in outer and "BatchMode=yes" in outer and outer[outer.index("-l") + 1] == "ops"
+    inner = shlex.split(next(a for a in outer if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand="))
+    assert inner[-3:] == ["%%h:%%p", "--", "10.0.0.1"] and "StrictHostKeyChecking=yes" in inner
+    assert inner[inner.index("-l") + 1] == "jump"
+    hostile = SimpleNamespace(name="lab1", connector=None, host=SimpleNamespace(
+        connection=ConnectionSpec("ssh", "10.0.0.9", 22, "root", jump="x;touch /tmp/p@-oProxyCommand=id")))
+    with pytest.raises(HostError, match=r"--direct: jump host .* must be \[user@\]host\[:port\]"):
+        stream.direct_argv(hostile, target, "true")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("level", [0, 1])

@@ -198,12 +198,15 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
             assert copied == evil[3] + evil[4], host
             assert lab.ssh(host, "cat /root/hostile-pwd").stdout == venv + "\n", host
 
-        # a release whose args and env carry metacharacters, and a secret from the inventory
+        # a release whose args and env carry metacharacters (quotes, ||, backslashes, %, unicode), one
+        # arg and one env value from an inventory variable, and a secret from the inventory
+        arg = "/m" + evil[1] + evil[2] + evil[3] + evil[6] + " \\ 100% ✓"
+        value = evil[0] + evil[1] + evil[2] + evil[3] + evil[4] + evil[6] + " C:\\x41\\ %n $$ ✓"
         spec = write_spec(tmp_path, "hostile", f"""\
             service:
               standin: true
-              args: [--model-path, {json.dumps("/m" + evil[1] + evil[2])}]
-              env: {{HF_TOKEN: "{{{{ HF_TOKEN }}}}", EVIL: {json.dumps(evil[0] + evil[1] + evil[2] + evil[4])}}}
+              args: [--model-path, {json.dumps(arg)}, --served-model-name, "{{{{ note }}}}"]
+              env: {{HF_TOKEN: "{{{{ HF_TOKEN }}}}", EVIL: {json.dumps(value)}, QUOTED: "{{{{ quoted }}}}"}}
             health: {{timeout: 30, interval: 0.2}}
             """, base=TINY, sglang=False)
         cli("-vv", "-l", "third", "deploy", str(spec), "--check", "--diff")
@@ -215,10 +218,20 @@ def test_metacharacters_run_nothing_and_secrets_never_shown(release_free_lab: La
         assert lab.ssh("lab3", "stat -c %a /opt/fleetctl/current/service.env").stdout.strip() == "600"
         environ = lab.ssh("lab3", "cat /proc/$(head -1 /var/lib/fleetctl/service/sglang.pid)/environ").stdout
         env = dict(item.split("=", 1) for item in environ.split("\0") if "=" in item)
-        assert env["HF_TOKEN"] == TOKEN and env["EVIL"] == evil[0] + evil[1] + evil[2] + evil[4]
+        assert (env["HF_TOKEN"], env["EVIL"], env["QUOTED"]) == (TOKEN, value, evil[4])
         info = lab.ssh("lab3", "/usr/bin/python3 -c \"import urllib.request as u; print(u.urlopen('http://"
                                f"{lab.addresses['lab3']}:30000/server_info', timeout=5).read().decode())\"").stdout
-        assert json.loads(info)["fleetctl_standin"]["launch_args"] == ["--model-path", "/m" + evil[1] + evil[2]]
+        assert json.loads(info)["fleetctl_standin"]["launch_args"] == [
+            "--model-path", arg, "--served-model-name", evil[3]]
+        # a newline (the inventory's `newline`, in env or args): that host's deploy is refused in one line
+        # naming the key and the variable (exit 2: a host failed), and its release stays as it was
+        for field in ("env: {NL: \"{{ newline }}\"}", "args: [--x, \"{{ newline }}\"]"):
+            refused = write_spec(tmp_path, "refused", f"service: {{standin: true, {field}}}\n", base=TINY, sglang=False)
+            cli("-l", "third", "deploy", str(refused), rc=2)
+            lines = [line for line in seen[-1].err.splitlines() if "cannot be carried" in line]
+            assert len(lines) == 1 and "(from host variable newline)" in lines[0], seen[-1].err
+            assert lab.ssh("lab3", "readlink /opt/fleetctl/current").stdout.strip().endswith(
+                "/" + json.loads(info)["fleetctl_standin"]["release"]), "the refused release was switched to"
         # http: a path with shell payloads (no spaces: ${IFS}), answered by the service just deployed
         path = f"/server_info?a=$(touch${{IFS}}{marker})&b=`touch${{IFS}}{marker}`&c=;touch${{IFS}}{marker}|x"
         http = cli("-l", "third", "probe", "http", path, "--expect-status", "200", "--json")

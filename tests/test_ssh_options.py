@@ -93,7 +93,7 @@ def test_every_ssh_process_gets_the_keepalives_every_hop_too() -> None:
 
     from fleetctl.connection import ConnectionSpec
 
-    source = SimpleNamespace(name="lab1", host=SimpleNamespace(connection=ConnectionSpec(
+    source = SimpleNamespace(name="lab1", connector=None, host=SimpleNamespace(connection=ConnectionSpec(
         "ssh", "10.0.0.1", 22, "ops", alive_interval=45.0)))
     direct = overlay_stream.direct_argv(source, SimpleNamespace(name="lab2", vars={}), "true")  # type: ignore[arg-type]
     assert "ServerAliveInterval=45" in direct and "ServerAliveCountMax=3" in direct

@@ -30,6 +30,16 @@ def prepare(paths: LabPaths, name: str) -> None:
     script = folder / "restart-this-lab-host"
     script.write_text(_SCRIPT)
     script.chmod(0o755)
+    mark_lab_host(paths, name)
+
+
+def mark_lab_host(paths: LabPaths, name: str) -> None:
+    """What makes this a lab host (/etc/fleetctl-lab/lab-host): a release may run fleetctl's stand-in
+    server only where it is (remote/host_files.py LAB_MARKER). Written at every `lab up`, so hosts
+    started before the marker existed get it too."""
+    folder = paths.host_dir(name) / "etc" / "fleetctl-lab"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lab-host").write_text("fleetctl lab host: release specs with service.standin may deploy here\n")
 
 
 def pending(paths: LabPaths) -> list[str]:

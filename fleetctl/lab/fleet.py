@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetctl.errors import LabError
-from fleetctl.lab import files, sshd
+from fleetctl.lab import boot, files, sshd
 from fleetctl.lab.state import (
     LabHost,
     LabPaths,
@@ -91,7 +91,7 @@ def host_status(paths: LabPaths, host: LabHost) -> LabHostStatus:
         if sshd.process_alive(host.pid):
             return down(f"pid {host.pid} now belongs to another process")
         return down(f"pid {host.pid} has exited")
-    banner = sshd.read_banner(host.address)
+    banner = sshd.answers_ssh(host.address)
     if banner is None:
         return down(f"pid {host.pid} runs but {host.address}:22 sends no SSH banner")
     return LabHostStatus(host.name, host.address, host.pid, UP, banner)
@@ -122,7 +122,7 @@ def _adopt_or_clear(paths: LabPaths, host: LabHost) -> bool:
         return True
     config = paths.sshd_config(host.name)
     strays = sshd.find_our_sshd(config)
-    if len(strays) == 1 and sshd.read_banner(host.address):
+    if len(strays) == 1 and sshd.answers_ssh(host.address):
         host.pid = strays[0]  # ours and answering, but lab.json lost it (a killed or wiped run)
         return True
     for pid in strays:
@@ -187,6 +187,8 @@ def lab_up(hosts: int, directory: Path | str, base_address: str = "127.0.1.0") -
         save_state(paths, state)
         _start_hosts(paths, state, todo)
         save_state(paths, state)
+        for host in state.hosts:
+            boot.mark_lab_host(paths, host.name)
         files.write_inventory(paths, state.hosts)
         files.write_known_hosts(paths, state.hosts)
         statuses = [host_status(paths, h) for h in state.hosts]

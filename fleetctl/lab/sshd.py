@@ -21,6 +21,10 @@ SSHD = "/usr/sbin/sshd"
 UNSHARE = "/usr/bin/unshare"
 PROC_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 STOP_GRACE_S = 3.0
+# How long a live sshd of ours may take to send its banner before "is it up" says no: on a loaded
+# machine accepting and forking can take seconds, and a host judged down is restarted under the
+# tests using it: lab up once restarted lab1 while other tests ran on it.
+BANNER_PATIENCE_S = 15.0
 # Children this process started, kept so they can be reaped (no zombies, no ResourceWarning).
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -80,6 +84,20 @@ def read_banner(address: str, timeout: float = 1.0) -> str | None:
         return None
     line = data.split(b"\n", 1)[0].strip().decode("ascii", errors="replace")
     return line if line.startswith("SSH-") else None
+
+
+def answers_ssh(address: str, patience: float = BANNER_PATIENCE_S) -> str | None:
+    """``read_banner``, tried again (each try waiting longer) until ``patience`` runs out. Only for
+    a host whose sshd /proc already shows alive: this asks "is it up", never "is it fast"."""
+    deadline = time.monotonic() + patience
+    wait = 1.0
+    while True:
+        left = deadline - time.monotonic()
+        banner = read_banner(address, timeout=max(0.1, min(wait, left)))
+        if banner is not None or left <= 0:
+            return banner
+        time.sleep(min(0.2, max(0.0, left)))
+        wait = min(wait * 2, 5.0)
 
 
 # The lab host's "init": at start (a boot, after a stop) it runs every executable in this folder of

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 import struct
 import time
@@ -24,6 +25,7 @@ from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostSession, Stream
 from fleetctl.transport.fleet import HostContext
 from fleetctl.transport.openssh import bulk_stream, keepalive_options  # the file stream: OpenSSH moves the bytes
+from fleetctl.transport.target import SSHTarget
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
 BEGIN, END = b"@@FLEETCTL-JSON-BEGIN@@", b"@@FLEETCTL-JSON-END@@"
@@ -63,22 +65,59 @@ DIRECT_KEY_VAR = "direct_ssh_key"  # host var: the key file on the target for re
 
 def direct_argv(source: HostContext, target: HostContext, command: str) -> list[str]:
     """The ssh the target runs to reach the source (the source's inventory connection settings);
-    host keys are checked against the target's own known_hosts, never skipped."""
+    host keys are checked against the target's own known_hosts, never skipped. A jump chain is a
+    ProxyCommand per hop with the same strict options, not ``-J``: OpenSSH applies command-line
+    options to the destination only, so a hop of ``-J`` would follow the target's ssh_config
+    (``StrictHostKeyChecking no`` there would accept any bastion key)."""
     spec = source.host.connection
     if spec.kind != "ssh":
         raise HostError(target.name, f"--direct: {source.name} is not reached over ssh (connection {spec.kind})")
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout))}",
-            *keepalive_options(*alive_settings(spec))]
+    strict = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+              "-o", f"ConnectTimeout={max(1, int(spec.connect_timeout))}"]
     key = target.vars.get(DIRECT_KEY_VAR)
     if key is not None:
         if not isinstance(key, str) or not key:
             raise HostError(target.name, f"{DIRECT_KEY_VAR} must be a path on {target.name}")
-        argv += ["-o", "IdentitiesOnly=yes", "-i", key]
-    if spec.jump:
-        argv += ["-J", spec.jump]
+        strict += ["-o", "IdentitiesOnly=yes", "-i", key]
+    strict += keepalive_options(*alive_settings(spec))
+    argv = ["ssh", *strict]
+    proxy = None
+    for user, host, port in jump_hops(source, target.name):
+        hop_argv = ["ssh", *strict, *(["-o", f"ProxyCommand={proxy}"] if proxy else []), "-p", port,
+                    *(["-l", user] if user else []), "-W", "%h:%p", "--", host]
+        # OpenSSH expands %-tokens of a ProxyCommand once per level: inner ones are doubled.
+        proxy = " ".join(a if a == "%h:%p" else shlex.quote(a.replace("%", "%%")) for a in hop_argv)
+    if proxy:
+        argv += ["-o", f"ProxyCommand={proxy}"]
     argv += ["-p", str(spec.port), "--", f"{spec.user}@{spec.hostname}" if spec.user else spec.hostname, command]
     return argv
+
+
+HOP_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def jump_hops(source: HostContext, target: str) -> list[tuple[str, str, str]]:
+    """The source's bastion chain, first hop first, as (user, host, port): as the controller resolved
+    it (an inventory name is that host's address, user and port; ssh_config's ProxyJump too), else
+    the ``[user@]host[:port]`` strings of its jump_host. Each part plain: it reaches a shell."""
+    resolved = getattr(source.connector, "target", None)
+    hops: list[str] = []
+    if isinstance(resolved, SSHTarget):
+        via = resolved.jump
+        while via is not None:
+            hops.insert(0, f"{via.user}@{via.hostname}:{via.port}")
+            via = via.jump
+    else:
+        jump = source.host.connection.jump
+        hops = jump.split(",") if jump else []
+    found: list[tuple[str, str, str]] = []
+    for hop in hops:
+        user, _, rest = hop.rpartition("@")
+        host, _, port = rest.partition(":")
+        if not HOP_PART.fullmatch(host) or (user and not HOP_PART.fullmatch(user)) or (port and not port.isdigit()):
+            raise HostError(target, f"--direct: jump host {hop!r} must be [user@]host[:port] of letters, digits, . _ -")
+        found.append((user, host, port or "22"))
+    return found
 
 
 def alive_settings(spec: ConnectionSpec) -> tuple[float, int]:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fleetctl import liveness
 from fleetctl.errors import HostError
 from fleetctl.release.service import HostLayout
 from fleetctl.transport.base import HostSession
@@ -40,6 +41,8 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
     start time checked), None when it ran elsewhere (nothing here can tell)."""
     if holder.get("controller") != socket.gethostname() or not holder.get("pid"):
         return None
+    if not liveness.procfs_present():  # no start times to compare: never "dead" for a live pid
+        return liveness.pid_exists(int(holder["pid"]))
     start = process_start(int(holder["pid"]))
     return start is not None and (holder.get("pid_start") in (None, start))
 

@@ -41,7 +41,7 @@ class LaunchCheck:
 def server_argv(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> list[str]:
     """What SGLang's parser sees for one server: its args (an instance's: the base args with its
     overrides) without the stand-in's, plus --host/--port."""
-    kept = without_standin(launch_args(spec, layout, inst))
+    kept = without_standin(launch_args(spec, layout, inst), spec.model.service.standin)
     host, port = listen(spec, layout, inst)
     return kept if {"--host", "--port"} & set(kept) else [*kept, "--host", host, "--port", str(port)]
 

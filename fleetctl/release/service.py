@@ -6,7 +6,9 @@ is the whole of a rollout or a rollback.
 
 from __future__ import annotations
 
+import re
 import shlex
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,8 @@ def layout_for(host_vars: Mapping[str, object]) -> HostLayout:
         raise InputError(f"service_manager must be systemd or process, got {manager!r}")
     if port and not str(port).strip().isdigit():
         raise InputError(f"service_port must be a port number, got {port!r}")
+    for name in LAYOUT_VARS[:3]:  # they land in the unit file and the supervisor's config, one line each
+        refuse_uncarriable(f"host variable {name}", str(found[name] or ""))
     return HostLayout(hostpaths.root(found), hostpaths.state_dir(found),
                       str(found["service_host"]) if found["service_host"] else None,
                       int(str(port)) if port else None, str(manager) if manager else None, host_vars)
@@ -126,11 +130,13 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
         env["CUDA_VISIBLE_DEVICES"] = render_value(spec, gpus_key, gpus, values)
     # A model missing on the host fails at once instead of downloading in silence (the spec may say otherwise).
     env.setdefault("HF_HUB_OFFLINE", "1")
+    for key, value in (extra or {}).items():
+        refuse_uncarriable(f"{spec.path}: service environment {key}", value)
     env.update(extra or {})
     lines = [f"# fleetctl release {spec.release_id}" + (f" instance {inst.name}" if inst and inst.name else "")]
     for key, value in sorted(env.items()):
-        if not key.isidentifier():
-            raise ValueError(f"service.env: {key!r} is not a variable name")
+        if not ENV_NAME.fullmatch(key):
+            raise InputError(f"{spec.path}: service.env: {key!r} is not a variable name")
         lines.append(f"{key}={_quote(value)}")
     return "\n".join(lines) + "\n"
 
@@ -148,19 +154,50 @@ def render_vars(spec: ReleaseSpec, layout: HostLayout) -> Mapping[str, object]:
 
 def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
     """One spec value rendered as playbooks render (fleetctl.templating): the host's variables
-    templated lazily (a group_vars value that is a template is rendered too), ``lookup`` and filters."""
+    templated lazily (a group_vars value that is a template is rendered too), ``lookup`` and filters.
+    A value systemd cannot carry (a control character) is refused, naming the key and the host
+    variable it came from."""
+    refuse_uncarriable(f"{spec.path}: {key}", value)
     if not templating.is_template(value):
         return value
     try:  # text, as the value lands in a command line or an env file: "{{ gpus }}" of "0,1" stays "0,1"
-        return templating.render_text(value, host_vars or {})
+        text = templating.render_text(value, host_vars or {})
     except templating.TemplateProblem as exc:
         raise InputError(f"{spec.path}: {key}: {exc}") from None
     except TemplateError as exc:
         raise InputError(f"{spec.path}: {key}: {exc.message or exc}") from None
+    culprits = [name for name, var in (host_vars or {}).items()
+                if name in value and uncarriable(str(var))]  # "{{ NAME }}" names it
+    where = f" (from host variable {', '.join(sorted(culprits))})" if culprits else ""
+    refuse_uncarriable(f"{spec.path}: {key}{where}", text)
+    return text
+
+
+def uncarriable(value: str) -> str | None:
+    """The first character of ``value`` that a unit file, an EnvironmentFile or the supervisor's
+    line-based env file cannot carry as data: control characters (newline, CR, NUL, tab, C1),
+    line and paragraph separators, and lone surrogates (no UTF-8 for them)."""
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp", "Cs"):
+            return char
+    return None
+
+
+def refuse_uncarriable(where: str, value: str) -> None:
+    char = uncarriable(value)
+    if char is not None:
+        raise InputError(f"{where}: {ascii(char)} (U+{ord(char):04X}) cannot be carried by a systemd unit or "
+                         f"env file: remove it from the value")
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what systemd (env_name_is_valid) and a shell accept
 
 
 def _quote(value: str) -> str:
-    return value if value and all(c.isalnum() or c in "._-/:,=@+" for c in value) else shlex.quote(value)
+    """An EnvironmentFile value (systemd.exec: shell-like; within single quotes every character is
+    literal, backslash included, and quoted runs concatenate). Control characters never get here."""
+    return value if value and all(c.isascii() and (c.isalnum() or c in "._-/:,=@+") for c in value) \
+        else shlex.quote(value)
 
 
 def unit(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> str:
@@ -170,15 +207,25 @@ def unit(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = No
                       autoescape=False)
     inst = inst or ServerInstance()
     return env.get_template("sglang.service.j2").render(
-        release_id=spec.release_id, env_file=f"{layout.current}/{inst.env_name}", instance=inst.name,
-        command=[systemd_quote(c) for c in command(spec, layout, inst)], workdir=layout.current,
+        release_id=spec.release_id, env_file=systemd_path(f"{layout.current}/{inst.env_name}"), instance=inst.name,
+        command=[systemd_quote(c) for c in command(spec, layout, inst)], workdir=systemd_path(layout.current),
         stop_timeout=spec.model.service.stop_timeout, user=spec.model.service.user)
 
 
 def systemd_quote(arg: str) -> str:
-    """One ExecStart word: quoted like a shell word, with systemd's own specifiers (%) and
-    variable expansion ($) escaped so the argument reaches the process unchanged."""
-    return shlex.quote(arg).replace("%", "%%").replace("$", "$$")
+    """One ExecStart word by systemd's rules (systemd.service "Command lines", systemd.syntax
+    "Quoting"): always in double quotes, so ``;`` or a leading ``-``/``@`` is data; ``\\`` and ``"``
+    C-escaped; specifiers (``%``) and variable expansion (``$``) doubled. Control characters, which
+    would end the line, are refused before (refuse_uncarriable)."""
+    refuse_uncarriable("ExecStart argument", arg)
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def systemd_path(path: str) -> str:
+    """A path setting (EnvironmentFile=, WorkingDirectory=): taken whole, specifiers expanded."""
+    refuse_uncarriable("unit path", path)
+    return path.replace("%", "%%")
 
 
 def stored_params(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | None = None) -> dict[str, object]:
@@ -212,9 +259,12 @@ def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[st
 STANDIN_SWITCHES = frozenset({"--standin-health-hang"})
 
 
-def without_standin(launch: list[str]) -> list[str]:
-    """The launch args without the stand-in's own ``--standin-*`` flags and their values: what the
-    real SGLang parser would be given."""
+def without_standin(launch: list[str], standin: bool) -> list[str]:
+    """For a stand-in spec (``service.standin``), the launch args without the stand-in's own
+    ``--standin-*`` flags and their values: what the real SGLang parser would be given. Any other
+    spec's args are SGLang's, whole: a ``--standin-*`` there is SGLang's to refuse."""
+    if not standin:
+        return list(launch)
     kept: list[str] = []
     skip = False
     for arg in launch:

@@ -4,10 +4,26 @@ uses ``release_host``'s atomic_write and safe_join."""
 import os
 import shutil
 
+# Written by `fleetctl lab` on its hosts (lab/reboot.py): the stand-in server is a test double that
+# passes every gate without serving a model, so it is staged nowhere else.
+LAB_MARKER = "/etc/fleetctl-lab/lab-host"
+STANDIN_FILE = "sglang_standin.py"
+
+
+class NotALabHost(Exception):
+    """A spec with ``service.standin`` aimed at a host that is not one of fleetctl's lab hosts."""
+
+
+def refuse_standin_off_the_lab(params):
+    if STANDIN_FILE in (params.get("extra_files") or {}) and not os.path.exists(LAB_MARKER):
+        raise NotALabHost("service.standin is for fleetctl's lab only, and this host is not a lab host "
+                          "(no %s): remove standin from the spec" % LAB_MARKER)
+
 
 def write_host_files(folder, params):
     """The service's files in a release folder: service.json (an instance's service.NAME.json), the
-    stand-in, service.env and each instance's service.NAME.env (0600)."""
+    stand-in (lab hosts only), service.env and each instance's service.NAME.env (0600)."""
+    refuse_standin_off_the_lab(params)
     for name, text in (params.get("extra_files") or {}).items():
         atomic_write(safe_join(folder, name), text.encode("utf-8"), 0o644)
     envs = dict(params.get("env_files") or {}, **{"service.env": params.get("env_file") or ""})

@@ -269,6 +269,7 @@ def op_state(params):
 
 def op_build(params):
     """Clone the base venv into a new release folder, patch it, write env + manifest, publish."""
+    refuse_standin_off_the_lab(params)  # before any work: nothing of it is left on the host
     rels = releases_dir(params)
     final = os.path.join(rels, params["release_id"])
     existing = read_json(os.path.join(final, "manifest.json"))

@@ -9,6 +9,11 @@ after a backoff (1 s, doubling to 30 s; back to 1 s after a minute of running), 
 and the last exit in NAME.state.json. SIGTERM ends the supervisor and leaves the server to the
 caller (``service_host`` stop signals the server itself). It also ends when its config file is
 gone (the service's state was removed) or names another supervisor.
+
+The server's log is rotated by size (config ``log_max_bytes``, default 64 MiB; ``log_keep`` older
+files NAME.log.1..N, default 3), checked before each start and every few seconds while it runs:
+copied to NAME.log.1 and truncated in place, as logrotate's copytruncate does, because the server
+keeps writing to the file it was started with (opened for append, so it writes at the new end).
 """
 
 import json
@@ -19,6 +24,7 @@ import sys
 import time
 
 BACKOFF_MIN, BACKOFF_MAX, STEADY_S = 1.0, 30.0, 60.0
+LOG_MAX_BYTES, LOG_KEEP, LOG_CHECK_S = 64 * 1024 * 1024, 3, 5.0
 
 
 def unquote(value):
@@ -120,6 +126,26 @@ def spawn_server(cfg):
     return proc
 
 
+def rotate_log(cfg):
+    """NAME.log over its size limit: the older files shift (.1 -> .2 ...), it is copied to .1 and
+    emptied in place. Lines written between the copy and the truncation are lost (a few at most)."""
+    import shutil
+
+    path = cfg["log"]
+    limit, keep = int(cfg.get("log_max_bytes") or LOG_MAX_BYTES), max(1, int(cfg.get("log_keep") or LOG_KEEP))
+    try:
+        if os.path.getsize(path) <= limit:
+            return False
+        for n in range(keep - 1, 0, -1):
+            if os.path.exists("%s.%d" % (path, n)):
+                os.rename("%s.%d" % (path, n), "%s.%d" % (path, n + 1))
+        shutil.copyfile(path, path + ".1")
+        os.truncate(path, 0)
+    except (IOError, OSError):
+        return False  # a full disk or a vanished file: the server keeps running, rotation waits
+    return True
+
+
 def exit_text(code):
     return "signal %d" % -code if code < 0 else "exit code %d" % code
 
@@ -127,6 +153,16 @@ def exit_text(code):
 def still_mine(config_path):
     cfg = read_json_file(config_path)
     return cfg is not None and read_pid(cfg["supervisor_pidfile"])[0] == os.getpid()
+
+
+def wait_server(proc, cfg, stopping):
+    """Until the server exits or the supervisor is told to stop, rotating its log as it grows."""
+    checked = time.time()
+    while proc.poll() is None and not stopping:
+        time.sleep(0.2)
+        if time.time() - checked >= LOG_CHECK_S:
+            rotate_log(cfg)
+            checked = time.time()
 
 
 def supervise(config_path):
@@ -144,6 +180,7 @@ def supervise(config_path):
     delay = BACKOFF_MIN
     while not stopping and still_mine(config_path):
         started = time.time()
+        rotate_log(cfg)
         try:
             proc = spawn_server(cfg)
         except OSError as exc:  # the release's python is gone: try again after the backoff
@@ -152,8 +189,7 @@ def supervise(config_path):
         if proc is not None:
             state.update(pid=proc.pid, started=started)
             write_file(cfg["state_file"], json.dumps(state))
-            while proc.poll() is None and not stopping:
-                time.sleep(0.2)
+            wait_server(proc, cfg, stopping)
             if stopping:
                 break  # the server is the caller's to stop now
             code = proc.returncode
