@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from fleetctl.errors import HostError
+from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import identity, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
@@ -202,7 +202,11 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
-    reconfig.verdict(session, layout, rid, True)
+    try:
+        reconfig.verdict(session, layout, rid, True)
+    except RemoteOperationError as exc:  # a pass not recorded is no pass: back, as after a failed gate
+        result.gates.append(GateResult("gates' pass recorded", False, exc.reason))
+        return roll_back_after_failure(session, spec, layout, result, holder)
     result.outcome = "unchanged" if unchanged else "deployed"
     if not unchanged:
         pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})
