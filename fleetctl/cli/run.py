@@ -63,6 +63,7 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
+    _warn_unread(extra_vars, playbook_path, inventory.sources)
     folder = jr.runs_dir(inventory.folder)
     before = None
     if resume:  # the run's own limit and -e, as journaled (a contradiction is refused)
@@ -116,6 +117,16 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
         printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
                       resume=resume_command(list(inventory.sources), playbook_path, journal.run_id, masked))
     return code
+
+
+def _warn_unread(given: dict[str, Any], playbook_path: Path, sources: Any) -> None:
+    """One line before anything runs when an -e variable is read by nothing (a misspelled name
+    would otherwise fall back to the playbook's default without a word)."""
+    from fleetctl.playbook.unread_vars import unread_warning
+
+    line = unread_warning(given, playbook_path, [Path(s) for s in sources])
+    if line:
+        click.echo(f"fleetctl: warning: {line}", err=True)
 
 
 def _install_interrupt(runner: Any, printer: Printer) -> Any:
