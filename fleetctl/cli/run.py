@@ -130,12 +130,22 @@ def _warn_unread(given: dict[str, Any], playbook_path: Path, sources: Any) -> No
 
 
 def _install_interrupt(runner: Any, printer: Printer) -> Any:
-    """First Ctrl-C: finish the tasks in flight, start nothing new, record it. Second: abort."""
+    """First Ctrl-C: finish the tasks in flight, start nothing new, record it. Second: abort, still
+    recorded and consistent: the gates in flight end and their hosts go back to the release they ran
+    (GNU timeout sends SIGINT twice). Third: leave at once."""
+    presses = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        runner.stop()
-        printer.say("[bold yellow]Ctrl-C: finishing the tasks in flight, starting nothing new "
-                    "(Ctrl-C again to abort at once)[/]")
+        presses.append(signum)
+        if len(presses) == 1:
+            runner.stop()
+            printer.say("[bold yellow]Ctrl-C: finishing the tasks in flight, starting nothing new "
+                        "(Ctrl-C again to abort)[/]")
+            return
+        runner.abort()
+        printer.say("[bold yellow]Ctrl-C again: aborting; the health gates in flight end now and their hosts go "
+                    "back to the release they ran (a third Ctrl-C leaves at once: a host may be left switched and "
+                    "not gated)[/]")
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     return signal.signal(signal.SIGINT, handler)

@@ -10,7 +10,8 @@ the release that ran before on this host. The first failure stops the gates; the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetctl.errors import CommandError, RemoteOperationError
@@ -48,6 +49,17 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
     return results
 
 
+# A playbook run's second Ctrl-C: the gates in flight end unjudged, so their hosts roll back now
+# (a host left switched and not gated is what an abort must never leave).
+ABORTED = GateResult("aborted", False, "a second Ctrl-C ended the gates before the release was judged")
+
+
+def aborting(session: HostSession) -> bool:
+    """Whether the run this session belongs to is being aborted (only a playbook run's contexts can be)."""
+    check = getattr(session, "aborting", None)
+    return bool(check is not None and check())
+
+
 def gate_in_order(results: list[GateResult], session: HostSession, health: Health, layout: HostLayout, port: int,
                   release_id: str | None, previous: str | None, instance: str | None) -> None:
     """Every gate in order until one fails; the list says what passed and what did not. The canary's
@@ -56,7 +68,7 @@ def gate_in_order(results: list[GateResult], session: HostSession, health: Healt
     every gate passed, the warm-up's measurement is kept with ``release_id`` on the host (the next
     canary's baseline; an instance's under ``release_id@NAME``); a measurement that cannot be kept (a
     full disk) fails the gates, as a release that cannot be judged next time must not pass."""
-    results.append(wait_healthy(session, health, layout, port, instance))
+    results.append(wait_healthy(session, health, layout, port, instance, lambda: aborting(session)))
     if not results[-1].ok:
         return
     venv = f"{layout.current}/venv"
@@ -64,6 +76,9 @@ def gate_in_order(results: list[GateResult], session: HostSession, health: Healt
         results.append(probe_gate(session, gate.symbol, gate.import_, gate.package, gate.expect, venv))
         if not results[-1].ok:
             return
+    if aborting(session):  # before the long steps (warm-up, canary) and before anything is kept
+        results.append(ABORTED)
+        return
     measured: dict[str, Any] | None = None
     before = warmup.load(session, layout, previous, instance) if health.canary is not None else None
     if health.warmup is not None:
@@ -91,13 +106,16 @@ def gate_in_order(results: list[GateResult], session: HostSession, health: Healt
 
 
 def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port: int,
-                 instance: str | None = None) -> GateResult:
+                 instance: str | None = None, stop: Callable[[], bool] | None = None) -> GateResult:
     """/health 200 from the release's own running server. A server the supervisor had to restart
-    (it exited since fleetctl started it) fails at once: serving again is not the same as healthy."""
+    (it exited since fleetctl started it) fails at once: serving again is not the same as healthy.
+    ``stop`` (the run's abort) ends the wait unjudged."""
     start = time.monotonic()
     deadline = start + health.timeout
     last = "no answer yet"
     while True:
+        if stop is not None and stop():
+            return replace(ABORTED, name=f"GET {health.path}", seconds=time.monotonic() - start)
         # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
         left = max(0.5, min(10.0, deadline - time.monotonic()))
         answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))
