@@ -56,6 +56,8 @@ def test_a_misspelled_extra_var_is_named_in_one_line(project: tuple[Path, Path],
                     *used)
     assert clean.rc == 0 and "warning" not in clean.err, clean.err
     assert "releases/lab.yml" in clean.out
+    before = run_cli(capsys, "-i", str(inv), "-e", "tp_sise=8", "run", str(playbook), "--check")  # global -e
+    assert before.rc == 0 and "fleetctl: warning: -e tp_sise (did you mean tp_size?): " in before.err, before.err
 
 
 def test_the_shipped_rollout_names_a_misspelled_release_spec() -> None:

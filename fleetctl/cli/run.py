@@ -63,7 +63,7 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
-    _warn_unread(extra_vars, playbook_path, inventory.sources)
+    _warn_unread(app.extra_vars, playbook_path, inventory.sources)  # -e before or after the command
     folder = jr.runs_dir(inventory.folder)
     before = None
     if resume:  # the run's own limit and -e, as journaled (a contradiction is refused)
