@@ -197,6 +197,7 @@ class CreateOutcome:
     uploaded: int = 0
     uploaded_bytes: int = 0
     commands: list[dict[str, Any]] = field(default_factory=list)
+    check: bool = False  # planned only (--check): nothing was uploaded, created, installed or removed
 
     @property
     def installer(self) -> str:
@@ -206,6 +207,12 @@ class CreateOutcome:
         p = self.plan
         if not p.changes:
             return "nothing to change"
+        if self.check:
+            parts = ["create the venv"] if p.create else []
+            parts += [f"upload {len(p.upload)} wheel(s)"] if p.upload else []
+            parts += [f"install {len(p.install)} ({', '.join(p.install)})"] if p.install else []
+            parts += [f"remove {len(p.remove)} ({', '.join(p.remove)})"] if p.remove else []
+            return "would " + ", ".join(parts)
         parts = ["venv created"] if p.create else []
         if p.install:
             parts.append(f"{len(p.install)} installed")
@@ -217,7 +224,8 @@ class CreateOutcome:
         p = self.plan
         return {"changed": p.changes, "summary": self.summary(), "installer": p.installer, "python": self.python,
                 "created": p.create, "installed": list(p.install), "removed": list(p.remove),
-                "uploaded": self.uploaded, "uploaded_bytes": self.uploaded_bytes, "commands": self.commands}
+                "uploaded": self.uploaded, "uploaded_bytes": self.uploaded_bytes, "commands": self.commands,
+                "check": self.check, "would_upload": [w.filename for w in p.upload] if self.check else []}
 
 
 def wheelhouse_of(ctx: HostContext, req: CreateRequest) -> str:
@@ -231,12 +239,13 @@ def inspect(ctx: HostContext, req: CreateRequest) -> HostState:
                      dict(raw["installed"]), dict(raw["wheels"]))
 
 
-def create_on_host(ctx: HostContext, req: CreateRequest) -> CreateOutcome:
+def create_on_host(ctx: HostContext, req: CreateRequest, check: bool = False) -> CreateOutcome:
+    """Inspect (read only), plan, then do; ``check``: the plan only, nothing written on the host."""
     state = inspect(ctx, req)
     check_state(ctx.name, req, state)
     plan = plan_create(req, state)
-    outcome = CreateOutcome(plan, state.python_version or "?")
-    if not plan.changes:
+    outcome = CreateOutcome(plan, state.python_version or "?", check=check)
+    if not plan.changes or check:
         return outcome
     if plan.upload:
         ctx.call("venv_create", {"action": "prepare", "wheelhouse": wheelhouse_of(ctx, req), "venv": req.venv})
@@ -253,5 +262,5 @@ def create_on_host(ctx: HostContext, req: CreateRequest) -> CreateOutcome:
     return outcome
 
 
-def run_create(fleet: Fleet, req: CreateRequest) -> dict[str, HostResult[CreateOutcome]]:
-    return fleet.map(lambda ctx: create_on_host(ctx, req))
+def run_create(fleet: Fleet, req: CreateRequest, check: bool = False) -> dict[str, HostResult[CreateOutcome]]:
+    return fleet.map(lambda ctx: create_on_host(ctx, req, check))

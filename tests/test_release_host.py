@@ -68,13 +68,16 @@ def test_switch_is_a_symlink_rename_and_prune_keeps_current_and_previous(agent: 
     assert got == {"from": "r1", "to": "r2", "previous": "r1"}
     assert os.readlink(Path(host["root"]) / "current") == "releases/r2"
     removed = agent.call("release_host", {"op": "prune", **params, "keep": 2})["removed"]
-    assert removed == []  # the two oldest are previous (r1) and current (r2): never removed
+    # the two oldest are previous (r1) and current (r2): never removed; keep still holds (issue 32 P7),
+    # so the oldest of the others go
+    assert removed == ["r3", "r4"]
+    build(agent, host, "r4", {})
     agent.call("release_host", {"op": "switch", **params, "release_id": "r4", "reason": "deploy"})
     removed = agent.call("release_host", {"op": "prune", **params, "keep": 2})["removed"]
     assert removed == ["r1"]  # r2 is now previous, r4 current
     state = agent.call("release_host", {"op": "state", **params})
     assert (state["current"], state["previous"]) == ("r4", "r2")
-    assert [r["id"] for r in state["releases"]] == ["r2", "r3", "r4"]
+    assert [r["id"] for r in state["releases"]] == ["r2", "r4"]
     assert [h["to"] for h in state["history"]] == ["r1", "r2", "r4"]
     with pytest.raises(Exception, match="release nope is not on this host"):
         agent.call("release_host", {"op": "switch", **params, "release_id": "nope"})

@@ -145,7 +145,8 @@ def test_journals_read_back(tmp_path: Path) -> None:
     runs.mkdir()
     events = rs.journal("x", "b", "a")
     (runs / "20250101-000000-old.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    cut = [e for e in events if e["event"] not in ("run_end",)][:6]  # a controller killed in batch 2
+    # a controller killed in batch 2, a day later
+    cut = [{**e, "ts": e["ts"] + 86400} for e in events if e["event"] not in ("run_end",)][:6]
     (runs / "20250102-000000-killed.jsonl").write_text("".join(json.dumps(e) + "\n" for e in cut) + '{"ts": 1, "ev')
     found = last_runs(runs, 5)
     assert [r.run_id for r in found] == ["20250102-000000-killed", "20250101-000000-old"]

@@ -264,33 +264,39 @@ def list_releases(app: AppContext) -> int:
 
 @releases.command(name="remove")
 @click.argument("release_id", metavar="RELEASE_ID", shell_complete=complete.release_ids)
+@click.option("--check", is_flag=True, help="Say per host what would be removed (or why not); remove nothing.")
 @yes_option
 @host_options
 @click.pass_obj
-def remove_release(app: AppContext, release_id: str) -> int:
+def remove_release(app: AppContext, release_id: str, check: bool) -> int:
     """Remove one release folder from each host (never the current or the previous one), and the
     base venvs built from a lock that no release uses any more."""
     from fleetctl.release.hostlock import host_lock, who
     from fleetctl.release.identity import remove_release as remove
     from fleetctl.release.service import layout_for
 
-    approve(app, "releases remove", f"remove release {release_id} (never the current or previous one)")
+    if not check:  # a check changes nothing: no question, no lock
+        approve(app, "releases remove", f"remove release {release_id} (never the current or previous one)")
     holder = who(f"fleetctl releases remove {release_id}")
 
     def one(ctx: Any) -> dict[str, Any]:
         layout = layout_for(ctx.vars)
+        if check:
+            return remove(ctx, layout, release_id, check=True)
         with host_lock(ctx, layout, holder):
             return remove(ctx, layout, release_id)
 
-    with app.fleet() as fleet:
+    with app.fleet(read_only=check) as fleet:
         results = fleet.map(one)
     if app.json:
         render.emit_json(render.results_json(results, lambda value: value))
     else:
+        done = "would remove" if check else "removed"
         for name, res in results.items():
             if res.ok and res.value is not None:
-                bases = "".join(f"; base venv {b} (no release uses it now)" for b in res.value["bases_removed"])
-                render.console().print(render.cell(f"{name}: removed {res.value['removed']}{bases}"))
+                bases = "".join(f"; base venv {b} (no release {'would use it then' if check else 'uses it now'})"
+                                for b in res.value["bases_removed"])
+                render.console().print(render.cell(f"{name}: {done} {res.value['removed']}{bases}"))
         render.print_failures(results)
         render.console().print(render.summary_line(results))
     return exit_code_for(results)

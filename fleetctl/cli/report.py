@@ -49,7 +49,9 @@ def report(app: AppContext, output: Path | None, venv: str | None, baseline_host
     request = ReportRequest.for_hosts(
         app.selected_hosts(), runs_dir(app.inventory.folder), venv=venv, baseline_host=baseline_host,
         lock=(parse_lock(lock_file), str(lock_file)) if lock_file else None, packages=packages, skip=skip,
-        verify_files=verify_files, show_all=show_all, runs=runs)
+        verify_files=verify_files, show_all=show_all, runs=runs,
+        split_groups=tuple(g.name for g in app.inventory.groups.values()
+                           if not g.children and g.name not in ("all", "ungrouped")))
     with app.fleet(read_only=True) as fleet:
         doc = core.build(gather(fleet, request))
     if output is not None:
@@ -69,5 +71,7 @@ def print_summary(doc: dict[str, Any], output: Path | None) -> None:
     for row in doc["hosts"]:
         if row["level"] in ("red", "amber"):
             out.print(render.cell(f"{row['host']}: {row['level'].upper()}: " + "; ".join(row["problems"])))
+    for note in doc["notes"]:
+        out.print(render.cell(note))
     out.print(render.cell(doc["summary"]["line"]), style="bold")
     out.print(render.cell(f"report written to {output}" if output else "--output FILE writes the page"))

@@ -65,6 +65,7 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
     inventory = app.inventory
+    _warn_unread(app.extra_vars, playbook_path, inventory.sources)  # -e before or after the command
     folder = jr.runs_dir(inventory.folder)
     before = None
     if resume:  # the run's own limit and -e, as journaled (a contradiction is refused)
@@ -120,13 +121,33 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     return code
 
 
+def _warn_unread(given: dict[str, Any], playbook_path: Path, sources: Any) -> None:
+    """One line before anything runs when an -e variable is read by nothing (a misspelled name
+    would otherwise fall back to the playbook's default without a word)."""
+    from fleetctl.playbook.unread_vars import unread_warning
+
+    line = unread_warning(given, playbook_path, [Path(s) for s in sources])
+    if line:
+        click.echo(f"fleetctl: warning: {line}", err=True)
+
+
 def _install_interrupt(runner: Any, printer: Printer) -> Any:
-    """First Ctrl-C: finish the tasks in flight, start nothing new, record it. Second: abort."""
+    """First Ctrl-C: finish the tasks in flight, start nothing new, record it. Second: abort, still
+    recorded and consistent: the gates in flight end and their hosts go back to the release they ran
+    (GNU timeout sends SIGINT twice). Third: leave at once."""
+    presses = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        runner.stop()
-        printer.say("[bold yellow]Ctrl-C: finishing the tasks in flight, starting nothing new "
-                    "(Ctrl-C again to abort at once)[/]")
+        presses.append(signum)
+        if len(presses) == 1:
+            runner.stop()
+            printer.say("[bold yellow]Ctrl-C: finishing the tasks in flight, starting nothing new "
+                        "(Ctrl-C again to abort)[/]")
+            return
+        runner.abort()
+        printer.say("[bold yellow]Ctrl-C again: aborting; the health gates in flight end now and their hosts go "
+                    "back to the release they ran (a third Ctrl-C leaves at once: a host may be left switched and "
+                    "not gated)[/]")
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     return signal.signal(signal.SIGINT, handler)

@@ -25,10 +25,13 @@ def _command(op: str, doc: str) -> click.Command:
     @yes_option
     @host_options
     @click.pass_obj
-    def command(app: AppContext, instance: str | None, timeout: float, rollout: Any) -> int:
-        return run_service(app, op, instance, timeout, rollout)
+    def command(app: AppContext, instance: str | None, timeout: float, rollout: Any, check: bool = False) -> int:
+        return run_service(app, op, instance, timeout, rollout, check)
 
     command.__doc__ = doc
+    if op != "status":  # every op that changes hosts has a dry run
+        command = click.option("--check", is_flag=True, help=f"Say per server what {op} would do; change "
+                                                             "nothing (no lock, no journal).")(command)
     return service.command(name=op)(command)
 
 
@@ -38,23 +41,24 @@ stop = _command("stop", "Stop the servers (the systemd unit stays enabled; a boo
 restart = _command("restart", "Restart the servers in order; each must answer /health again.")
 
 
-def run_service(app: AppContext, op: str, instance: str | None, timeout: float, rollout: Any) -> int:
+def run_service(app: AppContext, op: str, instance: str | None, timeout: float, rollout: Any,
+                check: bool = False) -> int:
     from fleetctl.cli.release import mark_failed
     from fleetctl.release.batched import run_batched, skipped_results
     from fleetctl.release.hostlock import who
     from fleetctl.release.service_ops import service_host
 
     command = " ".join(["fleetctl service", op, *([instance] if instance else [])])
-    if op != "status":
+    if op != "status" and not check:  # a check changes nothing: no question
         approve(app, f"service {op}", f"service {op} {instance or 'every server'} (each must answer /health)"
                 if op != "stop" else f"service stop {instance or 'every server'}", rollout.serial, rollout.group_var)
     holder = who(command)
     halted, journal = None, None
-    with app.fleet(read_only=op == "status") as fleet:
+    with app.fleet(read_only=op == "status" or check) as fleet:
         def one(ctx: Any) -> Any:
-            return service_host(ctx, op, instance, holder, timeout)
+            return service_host(ctx, op, instance, holder, timeout, check)
 
-        if op != "status":  # journaled, in one batch or in --serial's
+        if op != "status" and not check:  # journaled, in one batch or in --serial's
             run = run_batched(fleet, one, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
                               app.inventory.folder)
             results, halted, journal = skipped_results(run), run.halted, run.journal
@@ -67,12 +71,15 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
         return exit_code_for(results)
     rows = []
     for name, res in results.items():
+        would = res.value.would if res.value else []
         for i, server in enumerate(res.value.servers if res.value else [{}]):
             rows.append([name if i == 0 else "", render.status_text(res) if i == 0 else "",
                          str(server.get("name") or ""), _state(server), str(server.get("health") or ""),
-                         str(server.get("pid") or "")])
+                         str(server.get("pid") or ""), *([would[i] if i < len(would) else ""] if check else [])])
     out = render.console()
-    out.print(render.table(f"service {op}", ["host", "status", "server", "service", "health", "pid"], rows))
+    out.print(render.table(f"service {op}" + (" (check: nothing changed)" if check else ""),
+                           ["host", "status", "server", "service", "health", "pid", *(["would"] if check else [])],
+                           rows))
     render.print_failures(results)
     if halted:
         out.print(render.cell(f"halted: {halted}"))

@@ -36,18 +36,20 @@ def venv() -> None:
 @click.option("--no-compile", "no_compile", is_flag=True,
               help="Write no bytecode at install (pip --no-compile; uv writes none unless asked): faster, and "
                    "Python compiles what it imports on first use.")
+@click.option("--check", is_flag=True, help="Say per host what would be created, uploaded, installed and removed; "
+                                            "change nothing.")
 @host_options
 @click.pass_obj
 def create(app: AppContext, path: str, python: str | None, requirements: Path | None, lock: Path | None,
-           wheelhouse: Path | None, no_compile: bool) -> int:
+           wheelhouse: Path | None, no_compile: bool, check: bool) -> int:
     """Create the venv on each host and install exactly the pinned set (uv when the host has it)."""
     from fleetctl import venv_create as core
 
     if (requirements is None) == (lock is None):
         raise click.UsageError("pass exactly one of --requirements FILE and --lock FILE")
     request = core.load_request(path, python, requirements, lock, wheelhouse, compile_bytecode=not no_compile)
-    with app.fleet() as fleet:
-        results = core.run_create(fleet, request)
+    with app.fleet(read_only=check) as fleet:
+        results = core.run_create(fleet, request, check)
     if app.json:
         render.emit_json(render.results_json(results, lambda o: o.to_dict()))
     else:

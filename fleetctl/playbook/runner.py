@@ -130,6 +130,7 @@ class Runner:
         self.results: dict[str, list[dict[str, Any]]] = {}  # per host, for --json
         self.status = "ok"
         self._stop = threading.Event()
+        self._abort = self.services.abort  # a second Ctrl-C: the gates in flight end and their hosts roll back
         self.services.operator = options.operator.bound(self._stop)
         self._groups: dict[str, list[str]] = {"all": list(inventory.hosts)}
         for host in inventory.hosts.values():
@@ -145,6 +146,13 @@ class Runner:
 
     def stop(self) -> None:
         """Ctrl-C: finish what is in flight, launch nothing new."""
+        self._stop.set()
+
+    def abort(self) -> None:
+        """A second Ctrl-C: as ``stop``, and the health gates in flight end unjudged, so each of their
+        hosts goes back to the release it ran (a host not yet switched is not switched); the run still
+        ends recorded (interrupted, then run_end)."""
+        self._abort.set()
         self._stop.set()
 
     @property
@@ -173,6 +181,12 @@ class Runner:
                 self.run_play(play)
         except PlaybookStopped:
             pass
+        except KeyboardInterrupt:  # a third Ctrl-C: leave at once, but say so in the journal
+            self.status = "aborted"
+            self.emit("run_end", status=self.status, exit_code=130, recap=self._recap(),
+                      error="left at once by a third Ctrl-C: a host in flight may be switched and not gated "
+                            "(fleetctl status shows it; run --resume gates it)")
+            raise
         except FleetError as exc:  # bad input met mid-run (a play's vars): the journal still says how it ended
             self.status = "error"
             if resumed and not any(sum(c.values()) for c in self.recap.values()):
@@ -193,7 +207,7 @@ class Runner:
         return {h: dict(c) for h, c in self.recap.items()}
 
     def exit_code(self) -> int:
-        if self.status == "interrupted":
+        if self.status in ("interrupted", "aborted"):
             return 130
         if self.status in ("halted", "failed"):
             return 2
@@ -244,6 +258,8 @@ class Runner:
                 self.halt(rollout_, b, exc.why)
             rollout_.failed += failed
             self.emit("batch_end", play=play.index, batch=b + 1, failed=failed)
+            if self._abort.is_set():  # the operator's abort ended the gates (each such host went back): no verdict
+                self.interrupted(play, b + 1, None, failed + [h for bb in rollout_.plan[b + 1:] for h in bb])
             why = rollout_.budget.exceeded(len(failed), len(batch), len(rollout_.failed))
             if why:
                 self.halt(rollout_, b, why)
@@ -267,7 +283,8 @@ class Runner:
 
     def interrupted(self, play: Play, batch: int, task: Task | None, pending: list[str]) -> None:
         self.status = "interrupted"
-        self.emit("interrupted", play=play.index, batch=batch, task=task.name if task else None, pending=pending)
+        self.emit("interrupted", play=play.index, batch=batch, task=task.name if task else None, pending=pending,
+                  aborted=self._abort.is_set())
         raise PlaybookStopped
 
     def selected_items(self, play: Play) -> list[blocks.Item]:

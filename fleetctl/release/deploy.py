@@ -16,12 +16,12 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from fleetctl.errors import HostError
+from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import identity, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
 from fleetctl.release import stage as stagelib
-from fleetctl.release.gates import GateResult, run_gates
+from fleetctl.release.gates import GateResult, aborting, run_gates
 from fleetctl.release.hostlock import host_lock
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
@@ -204,6 +204,8 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
     ours = insts.of_spec(spec)
     for n, inst in enumerate(ours):
         if not unchanged:
+            if n == 0 and aborting(session):  # the run is being aborted: no new switch
+                raise HostError(session.name, "a second Ctrl-C aborted the run before the switch; nothing switched")
             if n == 0:  # the switch, the old servers' stop and this restart: one step on the host
                 before = servers.current_names(session, layout)
                 gone = [name for name in before if name not in [i.name for i in ours]]
@@ -219,7 +221,11 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
-    reconfig.verdict(session, layout, rid, True)
+    try:
+        reconfig.verdict(session, layout, rid, True)
+    except RemoteOperationError as exc:  # a pass not recorded is no pass: back, as after a failed gate
+        result.gates.append(GateResult("gates' pass recorded", False, exc.reason))
+        return roll_back_after_failure(session, spec, layout, result, holder)
     result.outcome = "unchanged" if unchanged else "deployed"
     if not unchanged:
         pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})

@@ -10,10 +10,11 @@ the release that ran before on this host. The first failure stops the gates; the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetctl.errors import RemoteOperationError
+from fleetctl.errors import CommandError, RemoteOperationError
 from fleetctl.probes.http import HttpRequest, field_value, probe_http
 from fleetctl.probes.imports import ImportRequest, probe_import
 from fleetctl.probes.symbols import SymbolRequest, symbol_host
@@ -38,20 +39,46 @@ class GateResult:
 def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
               release_id: str | None = None, previous: str | None = None,
               instance: str | None = None) -> list[GateResult]:
+    """``gate_in_order``, where a step that breaks on the host (a full disk, a remote error) is a
+    failed gate: the caller has switched, and rolls back on any failure after the switch."""
+    results: list[GateResult] = []
+    try:
+        gate_in_order(results, session, health, layout, port, release_id, previous, instance)
+    except (RemoteOperationError, CommandError) as exc:
+        results.append(GateResult("gates", False, f"a gate could not run on the host: {exc.reason}"))
+    return results
+
+
+# A playbook run's second Ctrl-C: the gates in flight end unjudged, so their hosts roll back now
+# (a host left switched and not gated is what an abort must never leave).
+ABORTED = GateResult("aborted", False, "a second Ctrl-C ended the gates before the release was judged")
+
+
+def aborting(session: HostSession) -> bool:
+    """Whether the run this session belongs to is being aborted (only a playbook run's contexts can be)."""
+    check = getattr(session, "aborting", None)
+    return bool(check is not None and check())
+
+
+def gate_in_order(results: list[GateResult], session: HostSession, health: Health, layout: HostLayout, port: int,
+                  release_id: str | None, previous: str | None, instance: str | None) -> None:
     """Every gate in order until one fails; the list says what passed and what did not. The canary's
     baseline is ``previous``'s measurement on the host, read before anything is written (``previous``
     may be ``release_id`` itself: a reconfigured release against itself as configured before). When
     every gate passed, the warm-up's measurement is kept with ``release_id`` on the host (the next
     canary's baseline; an instance's under ``release_id@NAME``); a measurement that cannot be kept (a
     full disk) fails the gates, as a release that cannot be judged next time must not pass."""
-    results = [wait_healthy(session, health, layout, port, instance)]
+    results.append(wait_healthy(session, health, layout, port, instance, lambda: aborting(session)))
     if not results[-1].ok:
-        return results
+        return
     venv = f"{layout.current}/venv"
     for gate in health.probes:
         results.append(probe_gate(session, gate.symbol, gate.import_, gate.package, gate.expect, venv))
         if not results[-1].ok:
-            return results
+            return
+    if aborting(session):  # before the long steps (warm-up, canary) and before anything is kept
+        results.append(ABORTED)
+        return
     measured: dict[str, Any] | None = None
     before = warmup.load(session, layout, previous, instance) if health.canary is not None else None
     if health.warmup is not None:
@@ -59,34 +86,36 @@ def run_gates(session: HostSession, health: Health, layout: HostLayout, port: in
         ok, detail, measured = warmup.warm_up(session, health.warmup, port)
         results.append(GateResult("warm-up", ok, detail, time.monotonic() - start, measured))
         if not ok:
-            return results
+            return
     for threshold in health.thresholds:
         results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port))
         if not results[-1].ok:
-            return results
+            return
     if health.canary is not None and measured is not None:
         ok, detail = warmup.judge(health.canary, measured, before, previous)
         results.append(GateResult(f"canary vs {previous or 'nothing before'}", ok, detail, 0.0,
                                   {"now": measured, "before": before}))
         if not ok:
-            return results
+            return
     if release_id and measured is not None:
         try:
             warmup.save(session, layout, release_id, measured, instance)
         except RemoteOperationError as exc:
             results.append(GateResult("warm-up saved", False, f"the measurement could not be kept on the host: "
                                                                 f"{exc.reason}"))
-    return results
 
 
 def wait_healthy(session: HostSession, health: Health, layout: HostLayout, port: int,
-                 instance: str | None = None) -> GateResult:
+                 instance: str | None = None, stop: Callable[[], bool] | None = None) -> GateResult:
     """/health 200 from the release's own running server. A server the supervisor had to restart
-    (it exited since fleetctl started it) fails at once: serving again is not the same as healthy."""
+    (it exited since fleetctl started it) fails at once: serving again is not the same as healthy.
+    ``stop`` (the run's abort) ends the wait unjudged."""
     start = time.monotonic()
     deadline = start + health.timeout
     last = "no answer yet"
     while True:
+        if stop is not None and stop():
+            return replace(ABORTED, name=f"GET {health.path}", seconds=time.monotonic() - start)
         # Each request ends by the deadline: a /health that hangs cannot stretch the gate past its timeout.
         left = max(0.5, min(10.0, deadline - time.monotonic()))
         answer = probe_http(session, HttpRequest(health.path, port=port, timeout=left))

@@ -55,10 +55,12 @@ def choose(session: HostSession, layout: HostLayout, spec_id: str, site: str, cu
 
 
 def remove_release(session: HostSession, layout: HostLayout, release_id: str,
-                   prune_bases: bool = True) -> dict[str, Any]:
+                   prune_bases: bool = True, check: bool = False) -> dict[str, Any]:
     """Remove one release folder; with ``prune_bases``, the base venvs built from a lock that no
-    release uses any more go with it (``{"removed": path, "bases_removed": [paths]}``)."""
-    params = {"op": "remove", **layout.params(), "release_id": release_id, "prune_bases": prune_bases}
+    release uses any more go with it (``{"removed": path, "bases_removed": [paths]}``). ``check``:
+    the same answer and refusals, nothing removed."""
+    params = {"op": "remove", **layout.params(), "release_id": release_id, "prune_bases": prune_bases,
+              "check": check}
     try:
         answer = session.call(MODULE, params)
         return {"removed": str(answer["removed"]), "bases_removed": list(answer.get("bases_removed") or [])}

@@ -28,6 +28,7 @@ class ServiceResult:
     current: str | None
     servers: list[dict[str, Any]] = field(default_factory=list)
     gates: list[GateResult] = field(default_factory=list)
+    would: list[str] = field(default_factory=list)  # --check: per server, what the op would do
 
     @property
     def ok(self) -> bool:
@@ -38,11 +39,13 @@ class ServiceResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "op": self.op, "current": self.current, "servers": self.servers,
-                "gates": [g.to_dict() for g in self.gates]}
+                "gates": [g.to_dict() for g in self.gates], **({"would": self.would} if self.would else {})}
 
 
 def service_host(session: HostSession, op: str, instance: str | None, holder: dict[str, Any],
-                 timeout: float = 300.0) -> ServiceResult:
+                 timeout: float = 300.0, check: bool = False) -> ServiceResult:
+    """``op`` on the chosen servers of ``current``; ``check``: what it would do to each, read from
+    their status (no lock taken, nothing started or stopped)."""
     layout = layout_for(session.vars)
     state = session.call("release_host", {"op": "state", **layout.params()})
     names = instances.names_of(state.get("service"))
@@ -50,8 +53,9 @@ def service_host(session: HostSession, op: str, instance: str | None, holder: di
         raise HostError(session.name, "no release on this host: nothing to " + op)
     chosen = instances.select(names or [None], instance, session.name)
     result = ServiceResult(session.name, op, state.get("current"))
-    if op == "status":
+    if op == "status" or check:
         result.servers = [server_status(session, layout, n) for n in chosen]
+        result.would = [would_do(op, server) for server in result.servers] if check else []
         return result
     with host_lock(session, layout, holder):
         for name in chosen:
@@ -79,3 +83,13 @@ def _start(session: HostSession, layout: Any, name: str | None) -> str | None:
     except RemoteOperationError as exc:
         return exc.reason
     return None
+
+
+def would_do(op: str, server: dict[str, Any]) -> str:
+    """Check mode's line for one server, from its status."""
+    running = bool(server.get("running"))
+    if op == "start":
+        return "nothing: running" if running else "would start, then wait for /health"
+    if op == "stop":
+        return "would stop" if running else "nothing: stopped"
+    return "would restart, then wait for /health" if running else "would start (not running), then wait for /health"

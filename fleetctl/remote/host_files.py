@@ -91,6 +91,9 @@ def op_config(params):
         if os.path.realpath(folder) == os.path.realpath(os.path.join(params["root"], "current")):
             raise RuntimeError("release %s is serving: its configuration changes through mode apply"
                                % params["release_id"])
+        planned = planned_host_files(params)
+        if all(read_bytes(safe_join(folder, name)) == data for name, data in planned.items()):
+            return {"written": False}  # as staged: nothing to write (a full disk does not stop the switch)
         write_host_files(folder, params)
         return {"written": True}
     if mode == "restore":

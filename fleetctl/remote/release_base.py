@@ -6,8 +6,9 @@
 #   overlay, a pip install) gets another fingerprint; the same install anywhere gets the same one.
 # op "built_from": {"root", "release_id"} -> {"built": bool, "fingerprint": the base fingerprint
 #   recorded when that release was built (None for a build older than the record)}
-# op "remove": {"root", "state_dir", "release_id", "prune_bases"} -> {"removed": path, "bases_removed": the
-#   ROOT/bases/<hash> folders no release uses any more, when prune_bases}; refuses current and previous.
+# op "remove": {"root", "state_dir", "release_id", "prune_bases", "check"} -> {"removed": path, "bases_removed":
+#   the ROOT/bases/<hash> folders no release uses any more, when prune_bases}; refuses current and previous;
+#   "check": the same answer (and refusals), nothing removed.
 # op "stage": {"root", "release_id", "record"} -> {"verified": n}: every patched and kernel file of the
 #   built release checked against its manifest's sha256 (a mismatch is a ValueError naming the file),
 #   then RELEASE/staged.json written with the record (spec digest, base site, launch check).
@@ -65,6 +66,9 @@ def remove(params):
                          % (params["release_id"], "current" if params["release_id"] == current else "previous"))
     if not os.path.isdir(folder):
         raise ValueError("no release %s on this host" % params["release_id"])
+    if params.get("check"):  # what would go, nothing removed
+        bases = unused_bases(root, params["release_id"]) if params.get("prune_bases", True) else []
+        return {"removed": folder, "bases_removed": bases, "check": True}
     shutil.rmtree(folder)
     bases = unused_bases_removed(root) if params.get("prune_bases", True) else []
     return {"removed": folder, "bases_removed": bases}

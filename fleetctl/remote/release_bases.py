@@ -8,10 +8,13 @@ import os
 import shutil
 
 
-def bases_in_use(root):
+def bases_in_use(root, without=None):
+    """The base venvs the releases' manifests name (``without``: as if that release were gone)."""
     rels = os.path.join(root, "releases")
     used = set()
     for name in os.listdir(rels) if os.path.isdir(rels) else []:
+        if name == without:
+            continue
         try:
             with open(os.path.join(rels, name, "manifest.json")) as handle:
                 base = json.load(handle).get("base_venv")
@@ -22,14 +25,21 @@ def bases_in_use(root):
     return used
 
 
-def unused_bases_removed(root):
+def unused_bases(root, without=None):
+    """The ROOT/bases/<hash> folders no release uses (``without``: once that release is gone)."""
     bases = os.path.join(root, "bases")
-    used = bases_in_use(root)
-    removed = []
+    used = bases_in_use(root, without)
+    unused = []
     for name in sorted(os.listdir(bases)) if os.path.isdir(bases) else []:
         folder = os.path.realpath(os.path.join(bases, name))
         if not os.path.isdir(folder) or any(u == folder or u.startswith(folder + os.sep) for u in used):
             continue
+        unused.append(os.path.join(bases, name))
+    return unused
+
+
+def unused_bases_removed(root):
+    removed = unused_bases(root)
+    for folder in removed:
         shutil.rmtree(folder)
-        removed.append(os.path.join(bases, name))
     return removed

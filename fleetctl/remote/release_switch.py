@@ -121,9 +121,13 @@ def op_prune(params):
     built from a lock goes with the last release that used it."""
     state = op_state(params)
     protect = set(filter(None, [state["current"], state["previous"]] + list(params.get("protect") or [])))
-    ids = [r["id"] for r in state["releases"]]
+    ids = [r["id"] for r in state["releases"]]  # oldest first
     removed = []
-    for rid in ids[: max(0, len(ids) - int(params.get("keep", 3)))]:
+    # The oldest unprotected ones go until ``keep`` are left: a protected old release (the rollback
+    # target) must not make the host keep more than ``keep`` (it used to stop the prune at it).
+    for rid in ids:
+        if len(ids) - len(removed) <= int(params.get("keep", 3)):
+            break
         if rid not in protect:
             shutil.rmtree(os.path.join(releases_dir(params), rid))
             removed.append(rid)

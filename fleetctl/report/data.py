@@ -40,6 +40,9 @@ class ReportRequest:
     verify_files: bool = False
     show_all: bool = False  # every package row in the matrix, not only those that differ
     runs: int = 5  # the last N rollouts shown
+    # The groups whose hosts must all run one release (None: every group): the CLI names the groups
+    # without child groups, as a parent's children may run different releases on purpose.
+    split_groups: tuple[str, ...] | None = None
 
     @classmethod
     def for_hosts(cls, hosts: Sequence[Host], runs_dir: Path, **options: Any) -> ReportRequest:

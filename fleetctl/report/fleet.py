@@ -7,8 +7,10 @@ Each host row judges five things red / amber / green, always with a text verdict
 - drift: the worst finding class (``drift_report.kind_level``: red for version, missing,
   duplicate-dist-info, modified-file, missing-file; amber for the others; patched/overlay are green);
 - GPU: ``gpu_health``'s verdict, with its worst rule and that rule's value;
-- last run: what the newest journal that touched the host did to it (failed or unreachable: red;
+- last run: what the journal that acted on the host last did to it (failed or unreachable: red;
   rolled back or never finished: amber; ok or changed: green; no run: nothing to judge);
+- release split: a host of a group whose hosts run different releases, off the group's majority
+  release (every host of the group when none holds a majority): amber, naming each release's hosts;
 - the host itself: unreachable or failed is red whatever else is known.
 The row's verdict is the worst of them; rows are sorted worst first, then by name.
 """
@@ -90,8 +92,41 @@ def run_verdict(touch: Mapping[str, Any] | None) -> dict[str, Any]:
                    started=touch.get("started"), run_status=touch.get("status"))
 
 
+def release_splits(g: Gathered) -> list[dict[str, Any]]:
+    """The groups whose reachable hosts run more than one release: per group, release -> its hosts."""
+    current = {n: r.value.release.current for n, r in g.hosts.items()
+               if r.value is not None and r.value.release is not None and r.value.release.current}
+    wanted = g.request.split_groups
+    splits = []
+    for group in sorted({grp for gs in g.request.groups.values() for grp in gs}):
+        if wanted is not None and group not in wanted:
+            continue
+        on: dict[str, list[str]] = {}
+        for host in sorted(h for h, gs in g.request.groups.items() if group in gs and h in current):
+            on.setdefault(current[host], []).append(host)
+        if len(on) > 1:
+            splits.append({"group": group, "releases": dict(sorted(on.items(), key=lambda kv: (-len(kv[1]), kv[0])))})
+    return splits
+
+
+def split_verdict(host: str, splits: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Amber for a host of a split group that is off the group's majority release (every host of the
+    group when no release holds a majority), naming every release and its hosts."""
+    for split in splits:
+        on = split["releases"]
+        mine = next((rid for rid, hosts in on.items() if host in hosts), None)
+        if mine is None:
+            continue
+        total, (top, top_hosts) = sum(len(h) for h in on.values()), next(iter(on.items()))
+        if mine == top and 2 * len(top_hosts) > total:
+            continue
+        shown = "; ".join(f"{rid} on {', '.join(hosts)}" for rid, hosts in on.items())
+        return verdict("amber", f"group {split['group']} runs {len(on)} releases: {shown}", group=split["group"])
+    return None
+
+
 def host_row(name: str, res: HostResult[HostGathered], groups: list[str], drift_v: dict[str, Any],
-             touch: Mapping[str, Any] | None) -> dict[str, Any]:
+             touch: Mapping[str, Any] | None, split: dict[str, Any] | None = None) -> dict[str, Any]:
     g = res.value
     row: dict[str, Any] = {"host": name, "groups": groups, "status": res.status.value, "reason": res.reason,
                            "last_run": run_verdict(touch)}
@@ -103,8 +138,9 @@ def host_row(name: str, res: HostResult[HostGathered], groups: list[str], drift_
         return row
     row.update(release=release_verdict(g.release, g.errors.get("release")), instances=instances(g.release),
                drift=drift_v, gpu=gpu_verdict(g.gpu, g.gpu_models, g.errors.get("gpu")))
-    parts = {"release": row["release"], "drift": row["drift"], "GPU": row["gpu"], "last run": row["last_run"],
-             **{f"instance {i['name']}": i for i in row["instances"]}}
+    row["split"] = split
+    parts = {"release": row["release"], **({"release split": split} if split else {}), "drift": row["drift"],
+             "GPU": row["gpu"], "last run": row["last_run"], **{f"instance {i['name']}": i for i in row["instances"]}}
     row["level"] = worst([p["level"] for p in parts.values()])
     row["problems"] = [f"{k}: {p['text']}" for k, p in parts.items() if p["level"] in ("red", "amber")]
     return row
@@ -148,8 +184,9 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
 
     now = time.time() if now is None else now
     touched = last_touch(g.runs)
+    splits = release_splits(g)
     rows = [host_row(name, res, g.request.groups.get(name, []), drift_report.host_verdict(g.drift, name),
-                     touched.get(name)) for name, res in g.hosts.items()]
+                     touched.get(name), split_verdict(name, splits)) for name, res in g.hosts.items()]
     rows.sort(key=lambda r: (RANK[r["level"]], r["host"]))
     histories = {n: r.value.history for n, r in g.hosts.items() if r.value is not None and r.value.history}
     times = [h["time"] for hs in histories.values() for h in hs if isinstance(h.get("time"), int | float)]
@@ -160,10 +197,14 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
     wanted = g.request.baseline_host
     if wanted and g.drift.baseline.host != wanted:
         notes.append(f"baseline host {wanted} did not answer: drift is judged against {g.drift.baseline.source}")
+    notes += [f"release split in group {sp['group']}: " + "; ".join(f"{rid} on {', '.join(hs)}"
+                                                                    for rid, hs in sp["releases"].items())
+              for sp in splits]
     return {
         "generated": now,
         "summary": {"hosts": len(rows), **counts, "line": _summary_line(len(rows), counts)},
         "groups": sorted({grp for r in rows for grp in r["groups"]}),
+        "splits": splits,
         "hosts": rows,
         "drift": drift_report.to_view(g.drift, g.request.show_all),
         "rollouts": [run.to_dict() for run in g.runs],

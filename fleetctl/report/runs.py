@@ -43,6 +43,7 @@ class RunView:
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # host, to, status, msg, by
     canary: list[dict[str, Any]] = field(default_factory=list)  # host, gate, ok, detail (batch 1's release gates)
     halted: str | None = None  # why the run stopped early
+    touched: dict[str, float] = field(default_factory=dict)  # host -> when the run last did something to it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +60,7 @@ def view(run_id: str, events: Sequence[Mapping[str, Any]]) -> RunView:
     opened: dict[tuple[Any, Any], Batch] = {}
     for e in events:
         kind = e.get("event")
+        _touch(run, e)
         if kind == "batch_start":
             b = Batch(_int(e.get("play")), _int(e.get("batch")), _int(e.get("batches")), _strs(e.get("hosts")),
                       _num(e.get("ts")), None, [])
@@ -81,6 +83,16 @@ def view(run_id: str, events: Sequence[Mapping[str, Any]]) -> RunView:
     for host in {h for b in run.batches for h in b.hosts} - set(run.hosts):
         run.hosts[host] = "incomplete"  # started, never finished (a killed controller)
     return run
+
+
+def _touch(run: RunView, e: Mapping[str, Any]) -> None:
+    """When the run last acted on each host an event names (overlapping runs: the later act wins)."""
+    ts = _num(e.get("ts"))
+    if ts is None or e.get("event") not in ("batch_start", "task_start", "task_result", "host_done", "rollback"):
+        return
+    named = _strs(e.get("hosts")) + ([e["host"]] if isinstance(e.get("host"), str) else [])
+    for host in named:
+        run.touched[host] = max(ts, run.touched.get(host, ts))
 
 
 def _task_result(run: RunView, e: Mapping[str, Any]) -> None:
@@ -126,12 +138,19 @@ def last_runs(folder: Path, limit: int = 5, hosts: Iterable[str] | None = None) 
 
 
 def last_touch(runs: Iterable[RunView]) -> dict[str, dict[str, Any]]:
-    """Per host: the newest run that touched it (``runs`` newest first) and what it did to it."""
+    """Per host: the run that acted on it last and what it did to it. Runs overlap (two operators, a
+    long rollout and a CLI deploy), so this is the run with the latest event on that host, not the one
+    that started last (``runs`` newest first: on a tie, the newer run)."""
     out: dict[str, dict[str, Any]] = {}
+    when: dict[str, float] = {}
     for run in runs:
         for host, result in run.hosts.items():
-            out.setdefault(host, {"run_id": run.run_id, "result": result, "status": run.status,
-                                  "started": run.started, "check": run.check})
+            at = run.touched.get(host, run.started or 0.0)
+            if host in out and at <= when[host]:
+                continue
+            when[host] = at
+            out[host] = {"run_id": run.run_id, "result": result, "status": run.status, "started": run.started,
+                         "check": run.check, "touched": at}
     return out
 
 

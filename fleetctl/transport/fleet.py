@@ -68,6 +68,10 @@ def ssh_target(inventory: Inventory, spec: ConnectionSpec, settings: RunSettings
                           host_become(spec, settings))
 
 
+def _never() -> bool:
+    return False
+
+
 class HostContext:
     """One host's session for the run: its connector and agent, both opened lazily."""
 
@@ -79,6 +83,7 @@ class HostContext:
         self.settings = settings
         self.agent: AgentClient | MuxAgentClient = _agent(host, connector, settings)
         self.unreachable: str | None = None
+        self.aborting: Callable[[], bool] = _never  # a run's second Ctrl-C (playbook runner binds it)
 
     def call(
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,

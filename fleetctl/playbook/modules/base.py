@@ -74,6 +74,7 @@ class RunServices:
         self.memo: dict[Any, Any] = {}
         self.memo_lock = threading.Lock()
         self.operator = Operator()  # the terminal (pause's prompt) and the run's stop, set by the runner
+        self.abort = threading.Event()  # the run's second Ctrl-C: every session's gates in flight end
 
     def session(self, name: str) -> HostContext:
         """The run's session of any inventory host (opened once, shared with the plays)."""
@@ -87,6 +88,7 @@ class RunServices:
                     raise InputError(f"host {name!r} is not in the inventory")
                 self._sessions[name] = HostContext(host, make_connector(self.inventory, host, self.settings),
                                                    self.settings)
+                self._sessions[name].aborting = self.abort.is_set
             return self._sessions[name]
 
     def session_as(self, name: str, become: bool | None, become_user: str | None) -> HostContext:
@@ -105,6 +107,7 @@ class RunServices:
             if key not in self._as:
                 host = self.inventory.hosts[name]
                 self._as[key] = HostContext(host, make_connector(self.inventory, host, settings), settings)
+                self._as[key].aborting = self.abort.is_set
             view = self._as[key]
         view.vars = base.vars
         return view
