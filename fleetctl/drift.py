@@ -115,7 +115,11 @@ def collect(session: HostSession, venv: str | None, verify_files: bool, gpu: Gpu
         raise
     if gpu is None:
         gpu = collect_gpu(session, health=False)
-    return parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
+    inv = parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
+    from fleetctl.models.status import current_on_host, drift_rows
+
+    inv.stack.update(drift_rows(current_on_host(session)))  # the serving release's models: revision, state
+    return inv
 
 
 def parse_inventory(host: str, venv: str | None, raw: Mapping[str, Any], gpu: GpuFacts) -> HostInventory:
@@ -166,7 +170,8 @@ def baseline_by_majority(inventories: Mapping[str, HostInventory]) -> Baseline:
         if 2 * sum(seen.values()) >= hosts:
             versions[name] = _most_common(seen)
     stack: dict[str, str | None] = {}
-    for row in next(iter(inventories.values())).stack if inventories else ():
+    rows = dict.fromkeys(row for inv in inventories.values() for row in inv.stack)  # a model row some hosts lack
+    for row in rows:
         stack[row] = _most_common(Counter(inv.stack.get(row) or "-" for inv in inventories.values()))
     return Baseline("most common version", versions, {k: None if v == "-" else v for k, v in stack.items()})
 

@@ -47,7 +47,9 @@ def release_verdict(status: HostStatus | None, error: str | None) -> dict[str, A
         return verdict("red", f"release state unreadable: {error or '?'}", current=None, previous=None)
     if not status.current:
         return verdict("amber", "no release", current=None, previous=status.previous)
-    return verdict("green", status.current, current=status.current, previous=status.previous)
+    bad = [m["problem"] or f"model {m['role']}: {m['state']}" for m in status.models if m["state"] != "ok"]
+    return verdict("red" if bad else "green", "; ".join([status.current, *bad]), current=status.current,
+                   previous=status.previous, models=status.models)
 
 
 def instances(status: HostStatus | None) -> list[dict[str, Any]]:

@@ -211,6 +211,10 @@ def status(app: AppContext) -> int:
                 rows.append([n if i == 0 else "", render.status_text(r) if i == 0 else "", *cells])
         render.console().print(render.table(None, ["host", "status", "current", "previous", "server", "service",
                                                   "health", "warm-up"], rows))
+        models = [[n, m["role"], m["revision"] or "?", m["state"]] for n, r in results.items()
+                  for m in (r.value.models if r.value else [])]
+        if models:  # the current release's models, quick tier
+            render.console().print(render.table(None, ["host", "model", "revision", "complete"], models))
         render.print_failures(results)
     return exit_code_for(results)
 

@@ -66,6 +66,7 @@ class DeployResult:
     verified: int = 0  # state staged: the release's files checked against its manifest
     plan: str = ""  # deploy | reconfigure | unchanged (plan_switch): what check mode says and the run does
     changed: list[str] = field(default_factory=list)  # reconfigure: the host's configuration files rewritten
+    models: list[dict[str, Any]] = field(default_factory=list)  # each model's state as the pre-switch check found it
 
     @property
     def note(self) -> str:
@@ -103,18 +104,19 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
     happens is decided once (``plan_switch``): check mode reports that decision, the real run does it."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
+        models = models_fit(session, spec)
         staged = None if check or rebuild or stage_only else stagelib.find_staged(session, spec, layout)
         if staged is not None and staged.release_id:
             state = session.call("release_host", {"op": "state", **layout.params()})
             if state.get("current") != staged.release_id:
                 result = DeployResult(session.name, staged.release_id, "planned", previous=state.get("current"),
-                                      broke_lock=broke, staged=True)
+                                      broke_lock=broke, staged=True, models=models)
                 # The host's configuration as of now, not as of staging (a token rotated since).
                 kernels = release_kernels(session, spec, base_venv_path(spec, layout))
                 reconfig.write(session, layout, staged.release_id, host_files(session, spec, layout, kernels))
                 return go_live(session, spec, layout, result, holder, state)
         result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
-        result.broke_lock = broke
+        result.broke_lock, result.models = broke, models
         rid = result.release_id
         config = host_files(session, spec, layout, kernels)
         result.plan, result.changed = plan_switch(session, spec, layout, base["state"], rid, config)
@@ -141,6 +143,21 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
                                             built=result.build)
         return go_live(session, spec, layout, result, holder, base["state"])
+
+
+def models_fit(session: HostSession, spec: ReleaseSpec) -> list[dict[str, Any]]:
+    """Every model the release needs is on the host and intact, before anything is written there: the
+    quick tier, and every file changed since its last hash hashed again. Else the host is refused in one
+    line naming the model and the file, ``current`` untouched."""
+    if not spec.models:
+        return []
+    from fleetctl.models.status import check_host, refusal
+
+    states = check_host(session, spec.models, "deploy")
+    why = refusal(states)
+    if why:
+        raise ReleaseRefused(session.name, why)
+    return [s.to_dict() for s in states]
 
 
 def plan_switch(session: HostSession, spec: ReleaseSpec, layout: HostLayout, state: dict[str, Any], rid: str,

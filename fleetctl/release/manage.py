@@ -83,6 +83,7 @@ class HostStatus:
     canary: dict[str, Any] | None = None  # the current release's warm-up numbers on this host
     argv: list[str] = field(default_factory=list)  # the launch command as rendered for this host (masked)
     instances: list[dict[str, Any]] = field(default_factory=list)  # per server: name, running, health, restarts
+    models: list[dict[str, Any]] = field(default_factory=list)  # the current release's models (quick tier)
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -100,7 +101,15 @@ def status_host(session: HostSession, state: dict[str, Any] | None = None) -> Ho
     service = {k: v for k, v in first.items() if k not in ("argv", "health", "name")}
     return HostStatus(session.name, state.get("current"), state.get("previous"), [r["id"] for r in state["releases"]],
                       service, first["health"], warmup.load(session, layout, state.get("current")), first["argv"],
-                      servers_)
+                      servers_, current_models(session) if state.get("current") else [])
+
+
+def current_models(session: HostSession) -> list[dict[str, Any]]:
+    """role, revision, state (and the first problem) of each model the current release names."""
+    from fleetctl.models.status import current_on_host
+
+    return [{"role": s.role, "path": s.path, "revision": s.revision, "state": s.state,
+             "problem": s.first_problem() if s.problems else None} for s in current_on_host(session)]
 
 
 def server_status(session: HostSession, layout: Any, name: str | None) -> dict[str, Any]:

@@ -109,6 +109,10 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
     callers that show it pass vars with secrets masked. An instance adds its env and its GPUs."""
     svc = spec.model.service
     values = dict(host_vars or {})
+    if spec.model.models:
+        from fleetctl.models.spec import template_vars
+
+        values["models"] = template_vars(spec.model.models)
     env = {key: render_value(spec, f"service.env.{key}", value, values) for key, value in svc.env.items()}
     gpus, gpus_key = svc.gpus, "service.gpus"
     if inst is not None and inst.name is not None:
@@ -118,6 +122,8 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
             gpus, gpus_key = inst.gpus, f"service.instances.{inst.name}.gpus"
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = render_value(spec, gpus_key, gpus, values)
+    # A model missing on the host fails at once instead of downloading in silence (the spec may say otherwise).
+    env.setdefault("HF_HUB_OFFLINE", "1")
     env.update(extra or {})
     lines = [f"# fleetctl release {spec.release_id}" + (f" instance {inst.name}" if inst and inst.name else "")]
     for key, value in sorted(env.items()):
@@ -128,7 +134,14 @@ def env_file(spec: ReleaseSpec, extra: dict[str, str] | None = None,
 
 
 def render_vars(spec: ReleaseSpec, layout: HostLayout) -> Mapping[str, object]:
-    return layout.host_vars
+    """The host's variables, and ``models`` (``{{ models.main.path }}``) when the spec names models."""
+    if not spec.model.models:
+        return layout.host_vars
+    from collections import ChainMap
+
+    from fleetctl.models.spec import template_vars
+
+    return ChainMap({"models": template_vars(spec.model.models)}, dict(layout.host_vars))
 
 
 def render_value(spec: ReleaseSpec, key: str, value: str, host_vars: Mapping[str, object] | None) -> str:
@@ -175,7 +188,8 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | 
     return {"release_id": spec.release_id, "command": command(spec, layout, inst), "instance": inst.name,
             "env_file": f"{layout.current}/{inst.env_name}", "cwd": layout.current, "timeout": svc.stop_timeout,
             "unit": unit(spec, layout, inst), "host": host, "port": port, "health_path": health.path,
-            "user": svc.user, "manager": None if svc.manager == "auto" else svc.manager}
+            "user": svc.user, "manager": None if svc.manager == "auto" else svc.manager,
+            **({"models": {m.role: m.to_dict() for m in spec.models}} if spec.models else {})}
 
 
 def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[str, object]:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetctl import yamlfile
+from fleetctl.models.spec import ROLE, ModelRef, ModelSource, refs
 
 SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -234,6 +235,17 @@ class ReleaseModel(_Strict):
     service: Service = Field(default_factory=Service)
     health: Health = Field(default_factory=Health)
     keep_releases: int = Field(default=3, ge=2)
+    models: dict[str, ModelSource] = Field(default_factory=dict)  # role (main, draft) -> the model it serves
+
+    @field_validator("models")
+    @classmethod
+    def _roles(cls, value: dict[str, ModelSource]) -> dict[str, ModelSource]:
+        import re
+
+        for role in value:
+            if not re.match(ROLE, role):
+                raise ValueError(f"models: {role!r} is not a name templates can use (letters, digits, _)")
+        return value
 
 
 @dataclass(frozen=True)
@@ -251,6 +263,11 @@ class ReleaseSpec:
     patches: tuple[PatchFile, ...]
     digest: str
     base_lock_digest: str = ""  # sha256 of base.lock's file, names the base venv built from it
+
+    @property
+    def models(self) -> list[ModelRef]:
+        """The models the release needs; their revisions are in the spec text, so in the release id."""
+        return refs(self.model.models)
 
 
 def load_spec(path: str | Path) -> ReleaseSpec:

@@ -244,7 +244,30 @@ def remove_snapshot(m, base):
     return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
 
 
+def current_models(root):
+    """The models the current release names (its service.json ``models``), as verify takes them."""
+    try:
+        with open(os.path.join(root, "current", "service.json"), "r", encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return []
+    out = []
+    for role, m in sorted((doc.get("models") or {}).items()):
+        if type(m) is not dict or m.get("layout") not in LAYOUTS or not m.get("root"):
+            continue
+        if m["layout"] == "folder":
+            out.append({"key": role, "layout": "folder", "path": m["root"], "expect_revision": m.get("revision")})
+        else:
+            out.append({"key": role, "layout": "hf_cache", "cache": m["root"], "repo": m.get("repo"),
+                        "revision": m.get("revision")})
+    return out
+
+
 def main(params):
+    if params.get("op") == "current":  # what the serving release needs, checked quickly (status, drift, report)
+        models = current_models(params["root"])
+        return {"models": [verify_model(m, "quick", params.get("cache_dir")) for m in models],
+                "refs": models}
     if params.get("op") == "remove":
         return {"models": [remove_model(m, params["root"]) for m in params["models"]]}
     tier = params.get("tier") or "quick"
