@@ -38,6 +38,7 @@ class SyncRequest:
     source_dir: str | None = None
     limit_rate: float = 0.0  # bytes/s per link, 0: no cap
     stall_s: float = chain.DEFAULT_STALL_S
+    revision: str | None = None  # the revision a release spec pins: the source must hold that one
 
 
 @dataclass
@@ -89,6 +90,8 @@ def source_manifest(req: SyncRequest, source: HostContext | None) -> dict[str, A
     doc: dict[str, Any] = found["manifest"]
     if not doc["files"]:
         raise InputError(f"--from {where}: the folder holds no files")
+    if req.revision and doc["revision"] != req.revision:
+        raise InputError(f"--from {where}: holds revision {doc['revision']}, the spec pins {req.revision}")
     return doc
 
 
