@@ -29,14 +29,14 @@ $(STAMP):
 deps: $(STAMP) sshd cc
 
 # The lab hosts are real OpenSSH servers (each with the sudo user fleetop); the tests drive them
-# with the real ssh client too.
+# with the real ssh client too. tc and ip (iproute2): the lab's links (fleetctl/lab/links.py).
 sshd:
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null \
 	    || ! command -v systemd-analyze >/dev/null || ! dpkg -s python3-venv >/dev/null 2>&1 \
-	    || ! test -x /usr/bin/sudo; then \
-	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd, sudo"; \
+	    || ! test -x /usr/bin/sudo || ! command -v tc >/dev/null; then \
+	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd, sudo, iproute2"; \
 	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv \
-	    systemd sudo >/dev/null; \
+	    systemd sudo iproute2 >/dev/null; \
 	fi
 
 # gcc and Python.h: the import probe's tests build a real extension that references a missing symbol,

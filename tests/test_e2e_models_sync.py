@@ -234,3 +234,28 @@ def test_nonroot_with_become_and_an_ssh_config_alias_take_part(
         assert held(lab, host, path) == want, host
     owner = lab.ssh("lab4", f"stat -c %U {path}/config.json").stdout.strip()
     assert owner == "root"  # written as the become user, through fleetop's login
+
+
+def test_a_host_its_peers_cannot_reach_is_fed_by_the_controller(sync_lab: LabHandle,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = sync_lab, "/srv/models/relayed"
+    clean(lab, path)
+    want = source_model(lab, path)
+    known = {h: host_path(lab, h, "/root/.ssh/known_hosts") for h in lab.hosts}
+    saved = {h: k.read_text() for h, k in known.items()}
+    try:  # no host has lab5's key pinned: every link to it fails its host key check
+        for h, k in known.items():
+            k.write_text("".join(line + "\n" for line in saved[h].splitlines()
+                                 if not line.startswith(lab.addresses["lab5"] + " ")))
+        r = cli(capsys, lab, *sync_args(path))
+    finally:
+        for h, k in known.items():
+            k.write_text(saved[h])
+    assert r.rc == 0, r.out[-3000:] + r.err
+    hosts = r.json()["hosts"]
+    assert {h: hosts[h]["value"]["via"] for h in TARGETS} == {"lab2": "chain", "lab3": "chain", "lab4": "chain",
+                                                              "lab5": "relay"}
+    assert any("Host key verification failed" in c for c in hosts["lab5"]["value"]["cuts"]), hosts["lab5"]
+    assert all(held(lab, h, path) == want for h in TARGETS)
+    # the relay round sent lab5 its files once more: the source sent the model twice, no more
+    assert r.json()["source_bytes_sent"] <= 2.02 * r.json()["model_bytes"]
