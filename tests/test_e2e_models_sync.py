@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_support import CliRun, run_cli
-from lab_support import _NET, REPO, LabHandle, lab_usable, private_lab, user_inventory, worker_lab_dir
+from lab_support import (
+    _NET,
+    REPO,
+    LabHandle,
+    host_processes,
+    lab_usable,
+    private_lab,
+    user_inventory,
+    worker_lab_dir,
+)
 from model_support import make_folder_model
 
 from fleetctl.lab import LabPaths
@@ -175,6 +184,7 @@ def test_a_killed_controller_then_a_rerun_completes_every_host(sync_lab: LabHand
     want = source_model(lab, path, tensor_kib=1024)  # 12 MB, at 2 MB/s per link: several seconds
     proc = start_sync(lab, path, "--limit-rate", "2M")
     never_partial(lab, path, want, lambda: shard_verified(lab, path, "lab5") or proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()  # still sending when killed
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert all(held(lab, h, path) in ({}, want) for h in TARGETS)  # nothing, or the whole model
@@ -259,3 +269,40 @@ def test_a_host_its_peers_cannot_reach_is_fed_by_the_controller(sync_lab: LabHan
     assert all(held(lab, h, path) == want for h in TARGETS)
     # the relay round sent lab5 its files once more: the source sent the model twice, no more
     assert r.json()["source_bytes_sent"] <= 2.02 * r.json()["model_bytes"]
+
+
+def chain_nodes(lab: LabHandle, host: str) -> list[int]:
+    """The models sync node processes running on one lab host (python -c of the shipped module)."""
+    found = []
+    for pid in host_processes(lab, host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in argv[0] and any(b"zlib.decompress" in a for a in argv):
+            found.append(pid)
+    return found
+
+
+def test_a_stalled_middle_host_is_cut_the_rest_complete_and_the_controller_feeds_it(
+        sync_lab: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = sync_lab, "/srv/models/stalled"
+    clean(lab, path)
+    want = source_model(lab, path, tensor_kib=2048)  # 24 MB at 2 MB/s per link
+    proc = start_sync(lab, path, "--limit-rate", "2M", "--stall-timeout", "3")
+    never_partial(lab, path, want, lambda: shard_verified(lab, path, "lab3") or proc.poll() is not None)
+    frozen = chain_nodes(lab, "lab3")
+    assert frozen and proc.poll() is None
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # alive, connected, and taking nothing
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 0, out[-3000:] + err
+    hosts = json.loads(out)["hosts"]
+    assert {h: hosts[h]["value"]["via"] for h in TARGETS} == {"lab2": "chain", "lab3": "relay", "lab4": "chain",
+                                                              "lab5": "chain"}
+    assert any("stalled" in c for c in hosts["lab3"]["value"]["cuts"]), hosts["lab3"]
+    assert all(held(lab, h, path) == want for h in TARGETS)

@@ -18,6 +18,7 @@ MAGIC = b"\x00FLEETCTL-MODEL-1\n"
 EVENT = b"@@FLEETCTL-EV "
 FILE, DATA, END, ZEND = b"F", b"D", b"E", b"Z"
 FRAME = 1 << 20
+BEAT = 1.0  # seconds: a blocked sender says so this often, so the hosts before it keep waiting
 
 
 def frame(kind, payload):
@@ -86,7 +87,7 @@ class Branch(object):
         self.proc, self.host, self.need, self.deferred = None, None, set(), set()
         self.skip, self.forwarding, self.relay = -1, False, None
         self.limit = float(plan.get("limit_rate") or 0)
-        self.next_at = 0.0
+        self.next_at, self.child_blocked = 0.0, 0.0
 
     def spawn(self, entry, rest):
         argv = list(entry["argv"])
@@ -165,7 +166,11 @@ class Branch(object):
                 return
             if line is None:
                 return
-            if parse_event(line) is not None:
+            ev = parse_event(line)
+            if ev is not None and ev.get("ev") == "blocked":
+                if ev.get("host") == self.host:  # the next host waits on its own next one
+                    self.child_blocked = time.time()
+            elif ev is not None:
                 self.out.line(line)
 
     def forward(self, kind, payload, cur):
@@ -183,20 +188,26 @@ class Branch(object):
             return 0
 
     def send(self, data):
+        """Write one frame; a next host that takes nothing for `stall` seconds is stalled, unless it
+        says it is itself waiting on the host after it (then that one is cut, further down)."""
         if self.limit > 0:
             now = time.time()
             self.next_at = max(self.next_at, now) + len(data) / self.limit
             if self.next_at - now > 0.001:
                 time.sleep(self.next_at - now)
-        fd, view = self.proc.stdin.fileno(), memoryview(data)
+        fd, view, waited = self.proc.stdin.fileno(), memoryview(data), 0.0
         while view:
-            if not select.select([], [fd], [], self.stall)[1]:
-                raise Cut("stalled: took nothing for %ss" % self.stall)
+            if not select.select([], [fd], [], BEAT)[1]:
+                waited += BEAT
+                self.out.event("blocked", host=self.plan.get("host", ""), on=self.host)
+                if waited >= self.stall and time.time() - self.child_blocked > 3 * BEAT:
+                    raise Cut("stalled: took nothing for %ss" % self.stall)
+                continue
             try:
                 n = os.write(fd, view)
             except (IOError, OSError) as exc:
                 raise Cut("its stream broke: %s" % (self.stderr_of(self.proc) or exc))
-            view = view[n:]
+            view, waited = view[n:], 0.0
         return len(data)
 
     def cut(self, why, cur):
