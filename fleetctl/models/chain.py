@@ -22,7 +22,7 @@ from fleetctl.errors import HostError
 from fleetctl.overlay_stream import DIRECT_KEY_VAR, stream_command
 from fleetctl.transport import become
 from fleetctl.transport.fleet import HostContext, interpreters
-from fleetctl.transport.openssh import keepalive_options, ssh_argv
+from fleetctl.transport.openssh import CIPHERS, keepalive_options, ssh_argv
 from fleetctl.transport.target import SSHTarget
 
 CHAIN_MODULE = "model_chain"
@@ -88,7 +88,7 @@ def peer_argv(ctx: HostContext) -> list[str]:
     if target.become is not None:
         command = become.wrap(command, target.become)
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={max(1, math.ceil(target.connect_timeout))}",
+            "-o", f"ConnectTimeout={max(1, math.ceil(target.connect_timeout))}", "-o", f"Ciphers={CIPHERS}",
             *keepalive_options(target.alive_interval, target.alive_count_max),
             "-p", str(target.port), "-l", target.user]
     if target.jump is not None:
