@@ -122,9 +122,12 @@ def unshape(directory: Path, addresses: dict[str, str]) -> None:
         tc("class", "del", "dev", "lo", "classid", f"1:{class_minor(address)}", check=False)
         unbind_ssh(directory, name)
     ip("link", "del", ifb_name(directory), check=False)
-    if "class htb" not in tc("class", "show", "dev", "lo", check=False).stdout:  # no lab shapes lo any more
+    # The last lab to stop shaping removes the qdiscs it added (ours: an HTB 1: root; never another kind).
+    ours = f"htb {ROOT} root" in tc("qdisc", "show", "dev", "lo", check=False).stdout
+    if ours and "class htb" not in tc("class", "show", "dev", "lo", check=False).stdout:
         tc("qdisc", "del", "dev", "lo", "root", check=False)
-        tc("qdisc", "del", "dev", "lo", "ingress", check=False)
+        if not tc("filter", "show", "dev", "lo", "parent", "ffff:", check=False).stdout.strip():
+            tc("qdisc", "del", "dev", "lo", "ingress", check=False)
 
 
 def netem_available() -> bool:
