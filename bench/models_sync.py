@@ -93,7 +93,9 @@ def sync(lab: LabHandle, hosts: list[str]) -> tuple[float, int]:
     took = time.monotonic() - start
     if done.returncode != 0:
         raise SystemExit(f"models sync failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
-    return took, int(json.loads(done.stdout)["source_bytes_sent"])
+    doc = json.loads(done.stdout)
+    print(f"  sync to {len(hosts)}: {took:.1f}s, phases {doc['phases']}", flush=True)
+    return took, int(doc["source_bytes_sent"])
 
 
 def run(lab: LabHandle, counts: list[int], runs: int, size: int) -> dict[str, list[tuple[float, int]]]:

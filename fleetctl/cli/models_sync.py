@@ -122,7 +122,7 @@ def report_json(report: SyncReport) -> dict[str, Any]:
     req, m = report.request, report.manifest
     return {"path": req.path, "source": req.source or req.source_dir, "name": m["name"], "revision": m["revision"],
             "model_bytes": m["total_bytes"], "source_bytes_sent": report.source_bytes_sent,
-            "seconds": round(report.seconds, 3), "line": report.summary(),
+            "seconds": round(report.seconds, 3), "phases": report.phases, "line": report.summary(),
             **render.results_json(report.results, lambda v: v.to_dict())}
 
 

@@ -59,6 +59,7 @@ class SyncReport:
     results: dict[str, HostResult[SyncOutcome]]
     source_bytes_sent: int
     seconds: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: manifest, check, chain_ready, chain, relay
 
     def summary(self) -> str:
         ok = sum(1 for r in self.results.values() if r.ok)
@@ -116,7 +117,9 @@ class Sync:
     def __init__(self, req: SyncRequest, source: HostContext | None, targets: Fleet,
                  on_change: Callable[[Tally], None] | None) -> None:
         self.req, self.source, self.targets = req, source, targets
+        started = time.monotonic()
         self.manifest = source_manifest(req, source)
+        self.phases = {"manifest": time.monotonic() - started}
         self.files = [[f["path"], f["size"], f["sha256"]] for f in self.manifest["files"]]
         self.plan = chain.SyncPlan(self.files, req.path, MANIFEST_NAME, manifest_text(self.manifest),
                                    req.limit_rate, req.stall_s)
@@ -127,16 +130,23 @@ class Sync:
     def run(self) -> SyncReport:
         started = time.monotonic()
         pending = self.precheck()
+        self.phases["check"] = time.monotonic() - started
         if pending:
+            mark = time.monotonic()
             self.chain_round(pending)
+            self.phases["chain"] = time.monotonic() - mark
             left = [ctx for ctx in pending if not self.tally.hosts[ctx.name].ok
                     and not self.tally.hosts[ctx.name].refused]
             if left:
+                mark = time.monotonic()
                 self.relay_round(left)
+                self.phases["relay"] = time.monotonic() - mark
             for ctx in pending:
                 self.results[ctx.name] = self.outcome(ctx.name)
         ordered = {name: self.results[name] for name in self.targets.contexts if name in self.results}
-        return SyncReport(self.req, self.manifest, ordered, self.tally.source_sent, time.monotonic() - started)
+        return SyncReport(self.req, self.manifest, ordered, self.tally.source_sent,
+                          time.monotonic() - started + self.phases["manifest"],
+                          {k: round(v, 3) for k, v in self.phases.items()})
 
     def precheck(self) -> list[HostContext]:
         pending = []
@@ -170,7 +180,11 @@ class Sync:
         except FleetError as exc:
             raise HostError(head, f"cannot start the source: {exc}") from None
         try:
-            why = Events(stream, self.tally, head, source=True).drain()
+            events = Events(stream, self.tally, head, source=True)
+            mark = time.monotonic()
+            events.until_ready()  # every link attached: the chain's start, before the first byte
+            self.phases["chain_start"] = time.monotonic() - mark
+            why = events.drain()
         finally:
             stream.close()
         for entry in entries:
