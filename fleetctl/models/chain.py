@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,12 @@ from fleetctl.transport.target import SSHTarget
 
 CHAIN_MODULE = "model_chain"
 DEFAULT_STALL_S = 60.0
+WARM_PERSIST_S = 30  # an idle warmed connection ends this long after the chain's session on it
+
+def control_path(token: str) -> str:
+    """One sync's warmed connections: the sending user's own (ssh expands ~), %C a hash of the link. Per
+    sync, so each sync checks every host key afresh and never rides a connection another one made."""
+    return f"~/.ssh/fleetctl-{token}-%C"
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,24 @@ def peer_argv(ctx: HostContext) -> list[str]:
     if target.jump is not None:
         argv += ["-J", jump_spec(target)]
     return [*argv, "--", target.hostname, command]
+
+
+def with_control_path(argv: list[str], token: str) -> list[str]:
+    """The link's ssh, reusing a connection warmed beforehand when one exists (else it connects as usual)."""
+    return [argv[0], "-o", f"ControlPath={control_path(token)}", *argv[1:]]
+
+
+def warm_command(argv: list[str], key: str | None, token: str) -> str:
+    """A shell line the sending host runs before the chain starts: a background master connection to
+    the next host (authenticated, host key checked as the link itself will be), so every link's
+    handshake happens at once and the chain's start costs a session per hop. It ends by itself
+    WARM_PERSIST_S after its last session."""
+    options = [*(["-o", "IdentitiesOnly=yes", "-i", key] if key else []), *argv[1:argv.index("--")], "--",
+               argv[argv.index("--") + 1]]
+    start = " ".join(shlex.quote(w) for w in ["ssh", "-o", f"ControlPath={control_path(token)}", "-o",
+                                              "ControlMaster=yes", "-o", f"ControlPersist={WARM_PERSIST_S}", "-f",
+                                              "-N", *options])
+    return f"mkdir -p -m 700 ~/.ssh && timeout 60 {start} </dev/null >/dev/null 2>&1; exit 0"
 
 
 def controller_argv(ctx: HostContext) -> list[str]:

@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -173,6 +176,7 @@ class Sync:
             return
         senders = [ctx for ctx in pending if ctx.name in {e["host"] for e in entries}]
         keys = chain.link_keys([*([self.source] if self.source else []), *senders])
+        entries = self.warm(entries, senders, keys)
         head = self.source.name if self.source else "(controller)"
         doc = self.plan.doc("source", head, [entries], keys, src=self.req.source_dir or self.req.path)
         try:
@@ -192,6 +196,24 @@ class Sync:
         if why:
             for entry in entries:
                 self.tally.hosts[entry["host"]].cuts.append(f"the source {head} failed: {why}")
+
+    def warm(self, entries: list[dict[str, Any]], senders: list[HostContext], keys: dict[str, str]
+             ) -> list[dict[str, Any]]:
+        """Every host-to-host link's connection made at once, before the chain starts (``warm_command``)."""
+        token = secrets.token_hex(6)
+        pairs = list(zip([self.source, *senders[:-1]], entries, strict=True))
+        if self.source is None:
+            pairs = pairs[1:]  # the first link is this machine's own ssh
+        by_sender = {ctx.name: chain.warm_command(entry["argv"], keys.get(ctx.name), token)
+                     for ctx, entry in pairs if ctx is not None}
+        contexts = {ctx.name: ctx for ctx, _ in pairs if ctx is not None}
+        with ThreadPoolExecutor(max(1, min(16, len(by_sender)))) as pool:
+            for future in [pool.submit(contexts[name].run, command, 90) for name, command in by_sender.items()]:
+                with contextlib.suppress(Exception):  # a link that cannot be warmed connects as usual
+                    future.result()
+        first_direct = self.source is None
+        return [entry if (first_direct and i == 0) else {**entry, "argv": chain.with_control_path(entry["argv"], token)}
+                for i, entry in enumerate(entries)]
 
     def relay_round(self, left: list[HostContext]) -> None:
         branches, refused = chain.star_entries(left)
