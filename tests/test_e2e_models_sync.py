@@ -2,7 +2,8 @@
 host-to-host ssh links (each host's own key and known_hosts); a second sync sends nothing; a sync whose
 controller is SIGKILLed, or whose middle host is stopped, is re-run to a complete, verified model on
 every host, and no partial model is ever visible at the model's path; a host without room is refused
-before any byte while the others proceed; a non-root login with become and an ssh_config alias take part."""
+before any byte while the others proceed; a non-root login with become, an ssh_config alias and a host
+reached through a bastion take part."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ from lab_support import (
 )
 from model_support import make_folder_model
 
+from fleetctl.inventory import load_inventory
 from fleetctl.lab import LabPaths
+from fleetctl.models.chain import peer_argv
+from fleetctl.transport.fleet import Fleet
 
 pytestmark = pytest.mark.lab
 TARGETS = ["lab2", "lab3", "lab4", "lab5"]
@@ -216,7 +220,7 @@ def test_the_middle_host_stopped_mid_chain_then_a_rerun(sync_lab: LabHandle,
     assert all(held(lab, h, path) == want for h in TARGETS)
 
 
-def test_nonroot_with_become_and_an_ssh_config_alias_take_part(
+def test_nonroot_with_become_an_ssh_config_alias_and_a_bastion_take_part(
         sync_lab: LabHandle, capsys: pytest.CaptureFixture[str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     lab, path = sync_lab, "/srv/models/mixed"
@@ -224,8 +228,10 @@ def test_nonroot_with_become_and_an_ssh_config_alias_take_part(
     want = source_model(lab, path)
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(f"Host gpu-four\n  HostName {lab.addresses['lab4']}\n  User fleetop\n"
-                                          f"  IdentityFile {lab.key_path}\n")
+    (home / ".ssh" / "config").write_text(  # gpu-four: an alias, reached through lab3 as a bastion
+        f"Host gpu-four\n  HostName {lab.addresses['lab4']}\n  User fleetop\n  IdentityFile {lab.key_path}\n"
+        f"  ProxyJump root@{lab.addresses['lab3']}\n"
+        f"Host {lab.addresses['lab3']}\n  IdentityFile {lab.key_path}\n")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("FLEETCTL_SSH_CONFIG", raising=False)
     inventory = user_inventory(lab, tmp_path / "inv.yml", user="fleetop",
@@ -242,6 +248,10 @@ def test_nonroot_with_become_and_an_ssh_config_alias_take_part(
     assert {h: got[h]["value"]["via"] for h in got} == dict.fromkeys(["lab2", "lab3", "gpu-four", "lab5"], "chain")
     for host in TARGETS:
         assert held(lab, host, path) == want, host
+    inv = load_inventory(inventory)
+    with Fleet(inv, [inv.hosts["gpu-four"]]) as fleet:  # the link to gpu-four goes through lab3
+        argv = peer_argv(fleet.contexts["gpu-four"])
+    assert argv[argv.index("-J") + 1] == f"root@{lab.addresses['lab3']}:22"
     owner = lab.ssh("lab4", f"stat -c %U {path}/config.json").stdout.strip()
     assert owner == "root"  # written as the become user, through fleetop's login
 
