@@ -30,14 +30,14 @@ $(STAMP):
 deps: $(STAMP) sshd cc
 
 # The lab hosts are real OpenSSH servers (each with the sudo user fleetop); the tests drive them
-# with the real ssh client too.
+# with the real ssh client too. tc and ip (iproute2): the lab's links (fleetctl/lab/links.py).
 sshd:
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh >/dev/null || ! command -v unshare >/dev/null \
 	    || ! command -v systemd-analyze >/dev/null || ! dpkg -s python3-venv >/dev/null 2>&1 \
-	    || ! test -x /usr/bin/sudo; then \
-	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd, sudo"; \
+	    || ! test -x /usr/bin/sudo || ! command -v tc >/dev/null; then \
+	  echo "installing openssh-server, openssh-client, util-linux, python3-venv, systemd, sudo, iproute2"; \
 	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv \
-	    systemd sudo >/dev/null; \
+	    systemd sudo iproute2 >/dev/null; \
 	fi
 
 # gcc and Python.h: the import probe's tests build a real extension that references a missing symbol,
@@ -97,7 +97,7 @@ test: lint typecheck docs pytest
 # full_env.py: issue 16's figures on the full SGLang 0.5.23 environment (wheels from `make wheels`;
 # 3 venvs of 9.5 GB at its peak, all removed at the end). The narrower scripts (drift.py,
 # release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py
 bench: deps chromium wheels
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 

@@ -155,6 +155,17 @@ class LabHandle:
         rekey_host(self.dir, name)
         return Restorer(self, name)
 
+    @contextmanager
+    def links(self, rate: float) -> Iterator[None]:
+        """Every host's upload and download capped at ``rate`` bytes/s (fleetctl/lab/links.py) for a block."""
+        from fleetctl.lab import links
+
+        links.shape(self.dir, self.addresses, links.LinkSpec(rate))
+        try:
+            yield
+        finally:
+            links.unshape(self.dir, self.addresses)
+
     def restore(self, name: str | None = None) -> None:
         """Bring host(s) back up with the key pinned at setup (undoes stop and rekey)."""
         for host in [name] if name else sorted(self._dirty):

@@ -97,3 +97,26 @@ def down(directory: Path, purge: bool) -> None:
         click.echo(f"no lab in {directory}")
     if purge:
         click.echo(f"removed {directory}")
+
+
+@lab.command("links")
+@_dir_option
+@click.option("--rate", metavar="RATE", help="Each host's upload and download cap (50M = 50 MB/s).")
+@click.option("--delay", "delay_ms", type=float, default=0.0, metavar="MS", help="Latency per packet (needs netem).")
+@click.option("--loss", "loss_pct", type=float, default=0.0, metavar="PCT", help="Packet loss (needs netem).")
+@click.option("--off", is_flag=True, help="Remove the lab's shaping.")
+def links(directory: Path, rate: str | None, delay_ms: float, loss_pct: float, off: bool) -> None:
+    """Give every lab host a link: a rate each way (tc on loopback), so transfers are network-bound."""
+    from fleetctl.cli.models_sync import parse_rate
+    from fleetctl.lab import lab_status
+    from fleetctl.lab import links as core
+
+    addresses = {s.name: s.address for s in lab_status(directory)}
+    if not addresses:
+        raise click.UsageError(f"no lab in {directory}")
+    if off or not rate:
+        core.unshape(directory, addresses)
+        click.echo(f"links of {len(addresses)} lab hosts: unshaped")
+        return
+    core.shape(directory, addresses, core.LinkSpec(parse_rate(rate), delay_ms, loss_pct))
+    click.echo(f"links of {len(addresses)} lab hosts: {rate} each way")

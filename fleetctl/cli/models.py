@@ -119,3 +119,8 @@ def _short(revision: str | None) -> str:
     if not revision:
         return "?"
     return revision[:19] if revision.startswith("sha256:") else revision[:12]
+
+
+from fleetctl.cli.models_sync import sync  # noqa: E402 - the host-to-host fan-out (its own module)
+
+models.add_command(sync)

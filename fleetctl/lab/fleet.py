@@ -215,6 +215,9 @@ def lab_down(directory: Path | str, purge: bool = False) -> list[LabHostStatus]:
             result = list(pool.map(lambda h: _stop(paths, h), state.hosts)) if state else []
         if state:
             save_state(paths, state)
+            from fleetctl.lab import links  # the lab's link shaping goes with it
+
+            links.unshape(paths.directory, {h.name: h.address for h in state.hosts})
         if purge and (paths.state.exists() or paths.client_key.exists()):
             shutil.rmtree(paths.directory)
     return result

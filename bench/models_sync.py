@@ -1,0 +1,165 @@
+"""`fleetctl models sync` against the star and a single copy, on a lab whose links are capped.
+
+lab1 holds a test model (4 safetensors shards + index + config, --model-mb in all); every lab host's
+upload and download is capped at --rate (fleetctl/lab/links.py: tc on loopback). For each host count N:
+- single: one host-to-host copy of the model (lab1 -> lab2, `scp -r` run on lab1): the floor;
+- star: N parallel `scp -r` from lab1, as a hand-written playbook pushes from a seed;
+- sync: `fleetctl models sync --from lab1` to the N hosts (the pipelined chain).
+Each round starts with no model on the targets; medians of --runs rounds; the source's bytes are
+the model's size times the copies for scp, and the sync's own count (`source_bytes_sent`).
+Starts its own lab (.fleetctl/bench-models-lab on 127.0.96.x) and takes it down at the end.
+
+    .venv/bin/python bench/models_sync.py [--model-mb 2000] [--rate 50M] [--hosts 4,16] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from lab_support import LabHandle  # noqa: E402
+
+from fleetctl.cli.models_sync import parse_rate  # noqa: E402
+from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
+
+LAB_DIR = REPO / ".fleetctl" / "bench-models-lab"
+BASE = "127.0.96.0"
+MODEL = "/srv/bench-model"
+OUT = REPO / "bench" / "models_sync.md"
+
+
+def write_model(folder: Path, total: int) -> int:
+    """4 safetensors shards (one tensor each, random bytes), the index and a config; the bytes written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shard_bytes, weight_map = total // 4, {}
+    for i in range(4):
+        name = f"model-{i + 1:05d}-of-00004.safetensors"
+        key = f"model.layers.{i}.weight"
+        header = json.dumps({key: {"dtype": "U8", "shape": [shard_bytes], "data_offsets": [0, shard_bytes]}}).encode()
+        with open(folder / name, "wb") as handle:
+            handle.write(struct.pack("<Q", len(header)) + header)
+            left = shard_bytes
+            while left:
+                block = os.urandom(min(left, 8 << 20))
+                handle.write(block)
+                left -= len(block)
+        weight_map[key] = name
+    index = {"metadata": {"total_size": 4 * shard_bytes}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "config.json").write_text('{"model_type": "bench"}\n')
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+def give_peer_ssh(lab: LabHandle) -> None:
+    known = lab.known_hosts.read_text()
+    for name in lab.hosts:
+        ssh_dir = LabPaths(lab.dir).host_dir(name) / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (ssh_dir / "id_ed25519").write_bytes(lab.key_path.read_bytes())
+        (ssh_dir / "id_ed25519").chmod(0o600)
+        (ssh_dir / "known_hosts").write_text(known)
+
+
+def clear(lab: LabHandle, hosts: list[str]) -> None:
+    for host in hosts:
+        lab.ssh(host, f"rm -rf {MODEL} /srv/.bench-model.fleetctl-partial /srv/scp-model")
+
+
+def scp_star(lab: LabHandle, hosts: list[str]) -> float:
+    pushes = " ".join(f"scp -q -r {MODEL} root@{lab.addresses[h]}:/srv/scp-model &" for h in hosts)
+    start = time.monotonic()
+    lab.ssh("lab1", f"{pushes} wait", timeout=7200)
+    return time.monotonic() - start
+
+
+def sync(lab: LabHandle, hosts: list[str]) -> tuple[float, int]:
+    code = "import sys; from fleetctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "-i", str(lab.inventory_path), "-l", ",".join(hosts), "models", "sync",
+            MODEL, "--from", "lab1", "--json"]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False,
+                          env={**os.environ, "FLEETCTL_SSH_CONFIG": "none", "FLEETCTL_CONFIG": "none"})
+    took = time.monotonic() - start
+    if done.returncode != 0:
+        raise SystemExit(f"models sync failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
+    doc = json.loads(done.stdout)
+    print(f"  sync to {len(hosts)}: {took:.1f}s, phases {doc['phases']}", flush=True)
+    return took, int(doc["source_bytes_sent"])
+
+
+def run(lab: LabHandle, counts: list[int], runs: int, size: int) -> dict[str, list[tuple[float, int]]]:
+    samples: dict[str, list[tuple[float, int]]] = {}
+    targets = [h for h in lab.hosts if h != "lab1"]
+    for r in range(runs):
+        clear(lab, targets)
+        samples.setdefault("single copy", []).append((scp_star(lab, targets[:1]), size))
+        print(f"round {r + 1}: single {samples['single copy'][-1][0]:.1f}s", flush=True)
+        for n in counts:
+            hosts = targets[:n]
+            clear(lab, hosts)
+            samples.setdefault(f"star N={n}", []).append((scp_star(lab, hosts), n * size))
+            clear(lab, hosts)
+            samples.setdefault(f"sync N={n}", []).append(sync(lab, hosts))
+            print(f"round {r + 1}: N={n} star {samples[f'star N={n}'][-1][0]:.1f}s "
+                  f"sync {samples[f'sync N={n}'][-1][0]:.1f}s", flush=True)
+    return samples
+
+
+def report(samples: dict[str, list[tuple[float, int]]], args: argparse.Namespace, size: int, load: float) -> str:
+    single = statistics.median(t for t, _ in samples["single copy"])
+    rows = []
+    for name, values in samples.items():
+        t = statistics.median(s for s, _ in values)
+        sent = statistics.median(b for _, b in values)
+        rows.append(f"| {name} | {t:.1f} | {', '.join(f'{s:.1f}' for s, _ in values)} | {t / single:.2f}x | "
+                    f"{sent / 1e6:,.0f} | {sent / size:.2f}x |")
+    return "\n".join([
+        f"# models sync vs the star and a single copy ({size / 1e6:,.0f} MB model: 4 shards + index)", "",
+        f"Command: `.venv/bin/python bench/models_sync.py --model-mb {args.model_mb} --rate {args.rate} "
+        f"--hosts {args.hosts} --runs {args.runs}` (lab on {BASE[:-2]}.x, links capped at {args.rate}B/s each way "
+        "per host by tc on loopback, 2-core machine)", "",
+        "| what | median s | runs s | / single copy | MB the source sent | / model |",
+        "|---|---|---|---|---|---|", *rows, "",
+        "- single copy and star: `scp -r` run on lab1 (rsync is not installed here); star = N at once.",
+        "- sync: `fleetctl models sync --from lab1`, whole command (manifest, checks, chain, verification).",
+        f"- load average when the bench started: {load:.1f}. All hosts share this machine's 2 cores: every link",
+        "  decrypts, hashes and re-encrypts, so at high N or rate the chain is CPU-bound here, not link-bound.", "",
+    ])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-mb", type=int, default=2000)
+    parser.add_argument("--rate", default="50M")
+    parser.add_argument("--hosts", default="4,16")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    counts = sorted(int(n) for n in args.hosts.split(","))
+    load = os.getloadavg()[0]
+    lab = LabHandle.from_fleet(lab_up(1 + max(counts), LAB_DIR, BASE))
+    try:
+        give_peer_ssh(lab)
+        size = write_model(LabPaths(lab.dir).host_dir("lab1") / MODEL.strip("/"), args.model_mb * 1_000_000)
+        with lab.links(parse_rate(args.rate)):
+            samples = run(lab, counts, args.runs, size)
+    finally:
+        lab_down(LAB_DIR, purge=True)
+    text = report(samples, args, size, load)
+    OUT.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""``fleetctl models sync``: a model folder from one source to many hosts, each byte sent once.
+
+1. The source's manifest (the kept one while it still matches the files, else hashed there).
+2. Every target checks its own disk: already complete (nothing to send), which files it still lacks
+   (a killed sync resumes per file), the free space of its volume: a target without room for what it
+   lacks, or whose model path holds something else, is refused in one line before any byte moves.
+3. Round one, the chain: the source sends the files anyone lacks to the first target, which writes
+   them and forwards each chunk to the next while it writes it, and so on (``remote/model_chain.py``);
+   a link that dies or stalls is cut and the hosts behind it re-attached past it.
+4. Round two, the relay: targets still incomplete that the controller reaches are fed by the
+   controller itself (a host that peers cannot reach, or a become that needs a password).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from fleetctl.errors import FleetError, HostError, InputError
+from fleetctl.models import chain
+from fleetctl.models.links import Events, HostTally, Tally, local_node, pump
+from fleetctl.overlay.stream import stream_command
+from fleetctl.transport.base import HostResult, Status, Stream
+from fleetctl.transport.fleet import Fleet, HostContext
+from fleetctl.transport.openssh import bulk_stream
+
+MANIFEST_NAME = ".fleetctl-manifest.json"
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    path: str  # the model folder on the targets (and on a source host)
+    source: str | None  # a host holding the model, or None: ``source_dir`` on this machine
+    source_dir: str | None = None
+    limit_rate: float = 0.0  # bytes/s per link, 0: no cap
+    stall_s: float = chain.DEFAULT_STALL_S
+    revision: str | None = None  # the revision a release spec pins: the source must hold that one
+
+
+@dataclass
+class SyncOutcome:
+    state: str  # "synced" | "complete" (nothing to send)
+    written: int = 0
+    via: str = ""  # "chain" | "relay" | ""
+    cuts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "bytes_written": self.written, "via": self.via, "cuts": self.cuts}
+
+
+@dataclass
+class SyncReport:
+    request: SyncRequest
+    manifest: dict[str, Any]
+    results: dict[str, HostResult[SyncOutcome]]
+    source_bytes_sent: int
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: manifest, check, chain_ready, chain, relay
+
+    def summary(self) -> str:
+        ok = sum(1 for r in self.results.values() if r.ok)
+        sent = sum(1 for r in self.results.values() if r.ok and r.value and r.value.state == "synced")
+        return (f"{len(self.results)} targets: {ok} complete ({sent} synced now), {len(self.results) - ok} failed; "
+                f"the source sent {self.source_bytes_sent:,} B of a {self.manifest['total_bytes']:,} B model "
+                f"in {self.seconds:.1f}s")
+
+
+def host_files_module() -> ModuleType:
+    """remote/model_files.py as the hosts run it, for a source folder on this machine."""
+    from fleetctl.transport.agent import module_source
+
+    module = ModuleType("fleetctl_remote_model_files")
+    exec(compile(module_source("model_files")[0], "model_files.py", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def source_manifest(req: SyncRequest, source: HostContext | None) -> dict[str, Any]:
+    if source is None:
+        assert req.source_dir is not None
+        found = host_files_module().source_manifest(req.source_dir)
+        where = req.source_dir
+    else:
+        found = source.call("model_files", {"action": "manifest", "path": req.path})
+        where = f"{source.name}:{req.path}"
+    if found.get("error"):
+        raise InputError(f"--from {where}: {found['error']}")
+    doc: dict[str, Any] = found["manifest"]
+    if not doc["files"]:
+        raise InputError(f"--from {where}: the folder holds no files")
+    if req.revision and doc["revision"] != req.revision:
+        raise InputError(f"--from {where}: holds revision {doc['revision']}, the spec pins {req.revision}")
+    return doc
+
+
+def check_targets(targets: Fleet, req: SyncRequest, files: list[list[Any]]) -> dict[str, HostResult[Any]]:
+    params = {"action": "check", "dest": req.path, "files": files, "manifest_name": MANIFEST_NAME}
+    return targets.map(lambda ctx: ctx.call("model_files", params))
+
+
+def refusal(host: str, found: Mapping[str, Any], path: str) -> str | None:
+    if found.get("foreign"):
+        return (f"{host}: {path} exists and is not this model revision (no matching manifest); "
+                "remove it or sync to another path")
+    if not found.get("complete") and found["free"] < found["room_needed"]:
+        return (f"{host}: no room for the model: {found['free']:,} B free on the volume of {path}, "
+                f"{found['room_needed']:,} B needed")
+    return None
+
+
+class Sync:
+    """One sync's state across its rounds."""
+
+    def __init__(self, req: SyncRequest, source: HostContext | None, targets: Fleet,
+                 on_change: Callable[[Tally], None] | None) -> None:
+        self.req, self.source, self.targets = req, source, targets
+        started = time.monotonic()
+        self.manifest = source_manifest(req, source)
+        self.phases = {"manifest": time.monotonic() - started}
+        self.files = [[f["path"], f["size"], f["sha256"]] for f in self.manifest["files"]]
+        self.plan = chain.SyncPlan(self.files, req.path, MANIFEST_NAME, manifest_text(self.manifest),
+                                   req.limit_rate, req.stall_s)
+        self.results: dict[str, HostResult[SyncOutcome]] = {}
+        self.tally = Tally({}, on_change=on_change)
+        self.via: dict[str, str] = {}
+
+    def run(self) -> SyncReport:
+        started = time.monotonic()
+        pending = self.precheck()
+        self.phases["check"] = time.monotonic() - started
+        if pending:
+            mark = time.monotonic()
+            self.chain_round(pending)
+            self.phases["chain"] = time.monotonic() - mark
+            left = [ctx for ctx in pending if not self.tally.hosts[ctx.name].ok
+                    and not self.tally.hosts[ctx.name].refused]
+            if left:
+                mark = time.monotonic()
+                self.relay_round(left)
+                self.phases["relay"] = time.monotonic() - mark
+            for ctx in pending:
+                self.results[ctx.name] = self.outcome(ctx.name)
+        ordered = {name: self.results[name] for name in self.targets.contexts if name in self.results}
+        return SyncReport(self.req, self.manifest, ordered, self.tally.source_sent,
+                          time.monotonic() - started + self.phases["manifest"],
+                          {k: round(v, 3) for k, v in self.phases.items()})
+
+    def precheck(self) -> list[HostContext]:
+        pending = []
+        for host, res in check_targets(self.targets, self.req, self.files).items():
+            if not res.ok:
+                self.results[host] = HostResult(host, res.status, reason=res.reason, details=res.details)
+                continue
+            found: dict[str, Any] = res.value or {}
+            why = refusal(host, found, self.req.path)
+            if why:
+                self.results[host] = HostResult(host, Status.FAILED, reason=why)
+            elif found["complete"]:
+                self.results[host] = HostResult(host, Status.OK, SyncOutcome("complete"))
+            else:
+                self.tally.hosts[host] = HostTally(need_bytes=found["need_bytes"])
+                pending.append(self.targets.contexts[host])
+        return pending
+
+    def chain_round(self, pending: list[HostContext]) -> None:
+        entries, refused = chain.chain_entries(pending, first_from_controller=self.source is None)
+        for host, why in refused.items():
+            self.tally.hosts[host].cuts.append(why)
+        if not entries:
+            return
+        senders = [ctx for ctx in pending if ctx.name in {e["host"] for e in entries}]
+        keys = chain.link_keys([*([self.source] if self.source else []), *senders])
+        entries = self.warm(entries, senders, keys)
+        head = self.source.name if self.source else "(controller)"
+        doc = self.plan.doc("source", head, [entries], keys, src=self.req.source_dir or self.req.path)
+        try:
+            stream = self.open_head(self.source, doc)
+        except FleetError as exc:
+            raise HostError(head, f"cannot start the source: {exc}") from None
+        try:
+            events = Events(stream, self.tally, head, source=True)
+            mark = time.monotonic()
+            events.until_ready()  # every link attached: the chain's start, before the first byte
+            self.phases["chain_start"] = time.monotonic() - mark
+            why = events.drain()
+        finally:
+            stream.close()
+        for entry in entries:
+            self.via.setdefault(entry["host"], "chain")
+        if why:
+            for entry in entries:
+                self.tally.hosts[entry["host"]].cuts.append(f"the source {head} failed: {why}")
+
+    def warm(self, entries: list[dict[str, Any]], senders: list[HostContext], keys: dict[str, str]
+             ) -> list[dict[str, Any]]:
+        """Every host-to-host link's connection made at once, before the chain starts (``warm_command``)."""
+        token = secrets.token_hex(6)
+        pairs = list(zip([self.source, *senders[:-1]], entries, strict=True))
+        if self.source is None:
+            pairs = pairs[1:]  # the first link is this machine's own ssh
+        by_sender = {ctx.name: chain.warm_command(entry["argv"], keys.get(ctx.name), token)
+                     for ctx, entry in pairs if ctx is not None}
+        contexts = {ctx.name: ctx for ctx, _ in pairs if ctx is not None}
+        with ThreadPoolExecutor(max(1, min(16, len(by_sender)))) as pool:
+            for future in [pool.submit(contexts[name].run, command, 90) for name, command in by_sender.items()]:
+                with contextlib.suppress(Exception):  # a link that cannot be warmed connects as usual
+                    future.result()
+        first_direct = self.source is None
+        return [entry if (first_direct and i == 0) else {**entry, "argv": chain.with_control_path(entry["argv"], token)}
+                for i, entry in enumerate(entries)]
+
+    def relay_round(self, left: list[HostContext]) -> None:
+        branches, refused = chain.star_entries(left)
+        for host, why in refused.items():
+            self.tally.hosts[host].cuts.append(why)
+        if not branches:
+            return
+        for branch in branches:
+            self.via[branch[0]["host"]] = "relay"
+        if self.source is None:  # the controller is the source: a star straight from its folder
+            doc = self.plan.doc("source", "(controller)", branches, {}, src=self.req.source_dir)
+            stream = self.open_head(None, doc)
+            try:
+                Events(stream, self.tally, "(controller)", source=True).drain()
+            finally:
+                stream.close()
+            return
+        relay = self.open_head(None, self.plan.doc("relay", "(relay)", branches, {}))
+        try:
+            events = Events(relay, self.tally, "(relay)", source=False)
+            need = events.until_ready()
+            feed = bulk_stream(self.source.connector, chain.link_command(self.source))
+            feed.send(chain.plan_bytes(self.plan.doc("feed", self.source.name, [], {}, src=self.req.path,
+                                                     send=sorted(need))))
+            carrier = pump(feed, relay, self.tally)
+            events.drain()
+            carrier.join(timeout=10)
+            feed.close()
+        finally:
+            relay.close()
+
+    def open_head(self, source: HostContext | None, doc: dict[str, Any]) -> Stream:
+        stream: Stream
+        if source is None:
+            stream = local_node(stream_command(chain.CHAIN_MODULE, "python3"))
+        else:
+            stream = bulk_stream(source.connector, chain.link_command(source))
+        stream.send(chain.plan_bytes(doc))
+        return stream
+
+    def outcome(self, host: str) -> HostResult[SyncOutcome]:
+        t = self.tally.hosts[host]
+        value = SyncOutcome("synced", t.written, self.via.get(host, ""), t.cuts)
+        if t.ok:
+            return HostResult(host, Status.OK, value)
+        why = t.refused or "; ".join([*t.errors, *t.cuts[-2:]]) or t.lost or "no answer from its link"
+        status = Status.UNREACHABLE if any("Connection refused" in c or "timed out" in c for c in t.cuts) \
+            and not t.errors else Status.FAILED
+        return HostResult(host, status, value, reason=f"incomplete, re-run to resume: {why}")
+
+
+def manifest_text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def run_sync(req: SyncRequest, source: HostContext | None, targets: Fleet,
+             on_change: Callable[[Tally], None] | None = None) -> SyncReport:
+    return Sync(req, source, targets, on_change).run()

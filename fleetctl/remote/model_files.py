@@ -1,0 +1,161 @@
+# fleetctl-include: model_manifest
+# The files of one model revision on a host, for `fleetctl models sync`.
+#
+# Stdlib only, Python >= 3.8. Agent entry point main(params):
+#   {"action": "manifest", "path": dir}: the source's manifest (model_manifest's format): the one
+#     kept in the folder when it still describes the files there by name and size, else built (hashed).
+#   {"action": "check", "dest": dir, "files": [[rel, size, sha256]], "manifest_name": name}:
+#     whether dest holds exactly this model (its manifest names these files and each is at its size),
+#     which files a sync must still send (those not yet landed and verified in the staging folder),
+#     the bytes that needs, and the free bytes of dest's volume; "foreign" when dest exists and is
+#     not this model (a sync never writes into a folder it did not make).
+# Layout: files land in a staging folder beside dest (STAGING below), each written to a temporary
+# name, hashed as it lands and renamed to its own name only when size and sha256 match; so a file
+# at its own name in staging is verified. When every file is there the manifest is written last and
+# the staging folder is renamed to dest in one step: a server never sees a partial model.
+import json
+import os
+import shutil
+
+MARGIN = 16 << 20  # free space kept beyond the model's bytes (the manifest, metadata, a little air)
+
+
+def staging_of(dest):
+    parent, name = os.path.split(os.path.normpath(dest))
+    return os.path.join(parent, "." + name + ".fleetctl-partial")
+
+
+def temp_dir_of(dest):
+    return os.path.join(staging_of(dest), ".fleetctl-tmp")
+
+
+def safe_rel(rel):
+    """A manifest path must stay inside the model folder."""
+    norm = os.path.normpath(rel)
+    if os.path.isabs(norm) or norm == ".." or norm.startswith("../") or norm in (".", ""):
+        raise ValueError("bad path in the manifest: %r" % rel)
+    return norm
+
+
+def source_manifest(path):
+    """The folder's manifest: the kept one while every file it names is there at its size and no
+    other file is (a cheap check; the full hash is `models verify --full`), else hashed now."""
+    folder = os.path.normpath(path)
+    if not os.path.isdir(folder):
+        return {"error": "%s is not a folder" % folder}
+    try:
+        doc = load(manifest_path("folder", folder))
+        if sorted(f["path"] for f in doc["files"]) == model_files(folder) and all(
+                size_of(os.path.join(folder, f["path"])) == f["size"] for f in doc["files"]):
+            return {"manifest": doc, "kept": True}
+    except ValueError:
+        pass
+    return {"manifest": build_from_folder(folder), "kept": False}
+
+
+def size_of(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def free_bytes(path):
+    """Free bytes (for an unprivileged writer too) of the volume `path` is or would be on."""
+    probe = os.path.normpath(path)
+    while not os.path.exists(probe) and probe not in ("/", ""):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe or "/")
+    return st.f_bavail * st.f_frsize
+
+
+def manifest_files(dest, manifest_name):
+    try:
+        with open(os.path.join(dest, manifest_name), "r", encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, list):
+        return None
+    try:
+        return sorted([f["path"], int(f["size"]), f["sha256"]] for f in files)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def complete(dest, files, manifest_name):
+    """dest holds this model: its manifest lists exactly these files and each is at its size."""
+    if manifest_files(dest, manifest_name) != sorted([r, int(s), h] for r, s, h in files):
+        return False
+    return all(size_of(os.path.join(dest, safe_rel(rel))) == size for rel, size, _ in files)
+
+
+def staged(dest, rel, size):
+    """A file at its own name in staging was renamed there only after its hash matched."""
+    return size_of(os.path.join(staging_of(dest), safe_rel(rel))) == size
+
+
+def check(params):
+    dest, files, manifest_name = params["dest"], params["files"], params["manifest_name"]
+    for rel, _, _ in files:
+        safe_rel(rel)
+    total = sum(size for _, size, _ in files)
+    if complete(dest, files, manifest_name):
+        return {"complete": True, "need": [], "need_bytes": 0, "total_bytes": total, "free": free_bytes(dest)}
+    if os.path.lexists(dest):
+        return {"complete": False, "foreign": True, "total_bytes": total, "free": free_bytes(dest)}
+    need = [i for i, (rel, size, _) in enumerate(files) if not staged(dest, rel, size)]
+    need_bytes = sum(files[i][1] for i in need)
+    return {"complete": False, "need": need, "need_bytes": need_bytes, "total_bytes": total,
+            "free": free_bytes(dest), "room_needed": need_bytes + MARGIN}
+
+
+def write_manifest(folder, manifest_name, text):
+    path = os.path.join(folder, manifest_name)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(tmp, path)
+
+
+def publish(dest, files, manifest_name, manifest_text):
+    """Every file verified in staging: the manifest last, then staging becomes dest in one rename.
+    True when dest now holds the model (made here or by a concurrent sync)."""
+    if complete(dest, files, manifest_name):
+        return True
+    staging = staging_of(dest)
+    if not all(staged(dest, rel, size) for rel, size, _ in files):
+        return False
+    write_manifest(staging, manifest_name, manifest_text)
+    shutil.rmtree(temp_dir_of(dest), ignore_errors=True)  # a concurrent sync's half file: not published
+    try:
+        os.rename(staging, dest)
+    except OSError:
+        return complete(dest, files, manifest_name)
+    fsync_dir(os.path.dirname(os.path.normpath(dest)))
+    return True
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def main(params):
+    action = (params or {}).get("action")
+    if action == "manifest":
+        return source_manifest(params["path"])
+    if action == "check":
+        return check(params)
+    raise ValueError("unknown action %r" % action)
