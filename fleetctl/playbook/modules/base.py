@@ -27,6 +27,7 @@ from fleetctl.vault import Vault
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
+    from fleetctl.release.ownership import RunClaims
     from fleetctl.transport.fleet import HostContext, RunSettings
 
 
@@ -74,6 +75,7 @@ class RunServices:
         self.memo: dict[Any, Any] = {}
         self.memo_lock = threading.Lock()
         self.operator = Operator()  # the terminal (pause's prompt) and the run's stop, set by the runner
+        self.claims: RunClaims | None = None  # the hosts a real run owns (release/ownership.py), set by the runner
 
     def session(self, name: str) -> HostContext:
         """The run's session of any inventory host (opened once, shared with the plays)."""
