@@ -204,11 +204,10 @@ def test_two_rollouts_racing_for_a_host_twenty_times(scratch_lab: LabHandle, tmp
     assert set(outcomes) <= {"B refused", "A halted on that host"}
 
 
-def test_resumed_rollout_halts_a_host_changed_behind_it_and_keeps_its_rollback_target(
-        scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resumed_rollout_halts_a_host_changed_behind_it(scratch_lab: LabHandle, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A halts after its canary; B deploys a hotfix on lab2 (A's lock ended with its run); A resumed
-    does not switch lab2 over B's hotfix: it halts there in one line naming B's switch. And a rollout
-    that deploys twice (keep_releases 2) still has its recorded release to roll back to."""
+    does not switch lab2 over B's hotfix: it halts there in one line naming B's switch."""
     lab, inv = scratch_lab, str(scratch_lab.inventory_path)
     specs = dict(zip(("base", "rollout", "hotfix"), tiny_releases(lab, tmp_path, ["base", "rollout", "hotfix"]),
                      strict=True))
@@ -238,7 +237,17 @@ def test_resumed_rollout_halts_a_host_changed_behind_it_and_keeps_its_rollback_t
     events = journal(lab, book)
     assert events[-1]["event"] == "run_end" and events[-1]["status"] == "halted"  # lab2 failed: the batch's budget
 
-    # prune: a rollout deploying twice with keep_releases 2 keeps what it recorded (its rollback target)
+
+def test_prune_keeps_the_release_a_running_rollout_may_roll_back_to(
+        scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rollout deploying twice with keep_releases 2: the second deploy's prune used to remove the
+    release the rollout recorded, so its rollback_all had nowhere to go. It is kept; the rollback lands."""
+    lab, inv = scratch_lab, str(scratch_lab.inventory_path)
+    specs = dict(zip(("base", "rollout", "hotfix"), tiny_releases(lab, tmp_path, ["base", "rollout", "hotfix"]),
+                     strict=True))
+    rid = {name: load_spec(path).release_id for name, path in specs.items()}
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(specs["base"])).rc == 0
+    assert run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(specs["rollout"])).rc == 0
     keep2 = {name: tmp_path / f"{name}-keep2.yml" for name in ("rollout", "hotfix")}
     for name, path in keep2.items():
         path.write_text(specs[name].read_text().replace(f"name: {name}", f"name: {name}-keep2")
@@ -253,4 +262,7 @@ def test_resumed_rollout_halts_a_host_changed_behind_it_and_keeps_its_rollback_t
     assert_whole(lab, "lab1", rid["rollout"])  # rolled back to what the rollout recorded: still on the host
     assert [h["to"] for h in history(lab, "lab1")][-3:] == [load_spec(keep2["rollout"]).release_id,
                                                             load_spec(keep2["hotfix"]).release_id, rid["rollout"]]
-    assert journal(lab, twice)[-1]["status"] == "halted"
+    events = journal(lab, twice)
+    assert [(e["host"], e["status"], e["to"]) for e in events if e.get("event") == "rollback" and e.get("host")] \
+        == [("lab1", "rolled-back", rid["rollout"])]
+    assert events[-1]["event"] == "run_end" and events[-1]["status"] == "halted"
