@@ -72,6 +72,8 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
             servers.switch_over(session, layout, current, f"restart failed for {target}", holder,
                                 [n for n in names if n not in before], before, kind="revert")
             raise HostError(session.name, f"restart failed: {failed}; switched back to {current}")
+        if claim is not None:
+            claim.ours.add(target)  # the rollout put it there: its next switch may leave it
         gates = servers.healthy_all(session, layout, names, timeout)
         return RollbackResult(session.name, "rolled-back", current, target, gates, broke_lock=broke)
 
