@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import pytest
 import yaml
 from cli_support import run_cli
 from lab_support import LabHandle
-from reliability_support import assert_whole, tiny_releases, wait_until
+from reliability_support import assert_whole, release_state, tiny_releases, wait_until
 
 from fleetctl.release.spec import load_spec
 
@@ -266,3 +267,34 @@ def test_prune_keeps_the_release_a_running_rollout_may_roll_back_to(
     assert [(e["host"], e["status"], e["to"]) for e in events if e.get("event") == "rollback" and e.get("host")] \
         == [("lab1", "rolled-back", rid["rollout"])]
     assert events[-1]["event"] == "run_end" and events[-1]["status"] == "halted"
+
+
+def test_a_killed_rollout_leaves_its_hosts_free(scratch_lab: LabHandle, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The controller SIGKILLed while its rollout holds both hosts (one deployed, one not yet): its agents
+    end with their connections and the locks go with them; the next deploy needs no --break-lock."""
+    lab, inv = scratch_lab, str(scratch_lab.inventory_path)
+    specs = dict(zip(("base", "rollout", "hotfix"), tiny_releases(lab, tmp_path, ["base", "rollout", "hotfix"]),
+                     strict=True))
+    rid = {name: load_spec(path).release_id for name, path in specs.items()}
+    assert run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(specs["base"])).rc == 0
+    book = rollout_book(tmp_path, "rollout-a", specs["rollout"], "lab", barrier="a")
+    a = start(lab, "run", str(book))
+    try:
+        wait_until(lambda: waiting_or_done(lab, book, a), "A's canary (lab1) deployed", timeout=300)
+        assert a.poll() is None, finish(a)
+        assert all(release_state(lab, h)["lock_held"] for h in lab.hosts)  # both taken for the run
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=30)
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    wait_until(lambda: not any(release_state(lab, h)["lock_held"] for h in lab.hosts),
+               "the killed run's agents let go of the locks", timeout=60)
+    b = run_cli(capsys, "-i", inv, "-l", "lab2", "deploy", str(specs["hotfix"]), "--json")
+    assert b.rc == 0 and b.json()["hosts"]["lab2"]["value"]["broke_lock"] is None, b.out + b.err
+    assert_whole(lab, "lab1", rid["rollout"])
+    assert_whole(lab, "lab2", rid["hotfix"])
+    assert [h["to"] for h in history(lab, "lab2")] == [rid["base"], rid["hotfix"]]
+    assert journal(lab, book)[-1]["event"] != "run_end"  # the killed run never said how it ended
