@@ -33,7 +33,6 @@ class Claim:
     recorded: str | None
     ours: set[str] = field(default_factory=set)
     targets: set[str] = field(default_factory=set)  # every rollback target recorded (one per play)
-    broke: dict[str, Any] | None = None  # the stale lock's holder, when --break-lock broke one
 
     def check(self, state: dict[str, Any], target: str) -> None:
         """Before switching to ``target``: the host runs what this rollout recorded or put there."""
@@ -84,15 +83,14 @@ class RunClaims:
         when another run holds it."""
         layout = layout_for(session.vars)
         claim = self.get(session.name)
-        broke = None
-        if claim is None:
-            broke = take_lock(session, layout, self.holder, self.break_lock, self.wait)
+        if claim is None:  # a lock --break-lock broke is reported by the run's own deploy (the agent says it)
+            take_lock(session, layout, self.holder, self.break_lock, self.wait)
             with self._lock:
                 self._held.append((session, layout))
         if not known:
             recorded = session.call("release_host", {"op": "state", **layout.params()}).get("current")
         if claim is None:
-            claim = Claim(session.name, recorded, set(ours), broke=broke)
+            claim = Claim(session.name, recorded, set(ours))
             with self._lock:
                 self._claims[session.name] = claim
         if recorded:
