@@ -125,8 +125,9 @@ def test_second_concurrent_deploy_is_refused_by_the_lock(release_free_lab: LabHa
         r = cli(capsys, release_free_lab, "-l", "lab1,lab3", "deploy", str(PLAIN), "--json")
         hosts = r.json()["hosts"]
         assert r.rc == 2
-        assert hosts["lab3"]["reason"] == ("locked by another run: alice@laptop pid 4242 "
-                                           "(fleetctl deploy other.yml)")
+        assert hosts["lab3"]["reason"].startswith("locked by another run: alice@laptop pid 4242 "
+                                                  "(fleetctl deploy other.yml) since 20")
+        assert hosts["lab3"]["reason"].endswith(" UTC; --wait SECONDS waits for it to end")
         assert hosts["lab1"]["status"] == "ok"
     # the holder's run ended (its agent exited): the lock is gone with it
     assert cli(capsys, release_free_lab, "-l", "lab3", "deploy", str(PLAIN)).rc == 0

@@ -70,11 +70,12 @@ def test_stale_lock_of_a_killed_run_is_detected_and_broken_only_on_request(
         assert r.rc == 2
         hosts = r.json()["hosts"]
         assert hosts["lab1"]["status"] == "ok"
-        expected = f"@{me} pid {child.pid} (fleetctl deploy held.yml)"
-        assert hosts["lab3"]["reason"].endswith(expected), hosts["lab3"]["reason"]
+        expected = f"@{me} pid {child.pid} (fleetctl deploy held.yml) since 20"
+        assert expected in hosts["lab3"]["reason"], hosts["lab3"]["reason"]
         r = run_cli(capsys, "-i", inv, "-l", "lab3", "deploy", str(PLAIN), "--check", "--break-lock", "--json")
         assert r.rc == 2
-        assert r.json()["hosts"]["lab3"]["reason"].endswith(expected + "; that run is alive: not breaking its lock")
+        reason = r.json()["hosts"]["lab3"]["reason"]
+        assert expected in reason and reason.endswith(" UTC; that run is alive: not breaking its lock"), reason
         assert _running(agent)
         # 2. the run is killed while its SSH session hangs on (a half-open connection, simulated by
         # stopping the host's sshd session process): its agent lives on and keeps the flock.
@@ -88,8 +89,8 @@ def test_stale_lock_of_a_killed_run_is_detected_and_broken_only_on_request(
         r = run_cli(capsys, "-i", inv, "-l", "lab3", "deploy", str(PLAIN), "--check", "--json")
         assert r.rc == 2
         reason = r.json()["hosts"]["lab3"]["reason"]
-        assert reason.startswith(holder) and reason.endswith(
-            f"{expected}; stale: pid {child.pid} is no longer running on {me}, its agent (pid {agent}) still "
+        assert reason.startswith(holder) and expected in reason and reason.endswith(
+            f" UTC; stale: pid {child.pid} is no longer running on {me}, its agent (pid {agent}) still "
             "holds the lock; --break-lock ends that agent and takes the lock"), reason
         # 3. broken on request: that agent (and only it) ended, the deploy plan goes on
         r = run_cli(capsys, "-i", inv, "-l", "lab3", "deploy", str(PLAIN), "--check", "--break-lock", "--json")

@@ -19,6 +19,9 @@ break_lock_option = click.option(
     "--break-lock", is_flag=True,
     help="Break a stale deploy lock (its run's pid is dead, or it ran on another controller): "
          "ends the agent that holds it. A live run's lock is never broken.")
+wait_option = click.option(
+    "--wait", type=click.FloatRange(0, 3600), default=0.0, metavar="SECONDS",
+    help="A host another run holds: wait up to SECONDS for that run to end (at most 3600), then refuse it.")
 
 
 @click.command()
@@ -30,16 +33,18 @@ break_lock_option = click.option(
 @click.option("--stage", is_flag=True, help="Build, patch, validate and verify the release on each host without "
               "switching; a later deploy of SPEC there only switches, restarts and gates.")
 @break_lock_option
+@wait_option
 @rollout_options
 @yes_option
 @host_options
 @click.pass_obj
 def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break_lock: bool, rebuild: bool,
-           stage: bool, rollout: Any) -> int:
+           stage: bool, wait: float, rollout: Any) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
     (--stage: build and verify only)."""
     from fleetctl.release import deploy as core
     from fleetctl.release.hostlock import who
+    from fleetctl.release.ownership import RunClaims
     from fleetctl.release.spec import load_spec
 
     spec = load_spec(spec_path)
@@ -49,6 +54,7 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
                 else " (build, switch, restart, health gates, roll back on failure)"),
                 rollout.serial, rollout.group_var or spec.model.service.node_group)
     holder = who(f"fleetctl deploy {spec_path}" + (" --stage" if stage else ""))
+    claims = RunClaims(holder, break_lock, wait)
     with app.fleet() as fleet:
         from fleetctl.release.nodegroups import annotate
 
@@ -56,7 +62,8 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
         if spec.model.service.node_group and not rollout.group_var:  # a multi-node server moves as one
             rollout = replace(rollout, group_var=spec.model.service.node_group)
         results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: core.deploy_host(
-            ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage), check)
+            ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage, claim=claims.get(ctx.name)),
+            check, claims)
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict()),
@@ -68,16 +75,16 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
 
 
 def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
-               check: bool = False) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
+               check: bool = False, claims: Any = None) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
     """``fn`` on every host: at once (one batch), or with ``--serial`` in batches under the failure
     budget (the playbook rollout's planner, ``release/batched.py``); journaled either way (a check,
-    which changes nothing, is not); the halt and the journal."""
+    which changes nothing, is not); the halt and the journal. ``claims``: the run owns its hosts."""
     if check:
         return fleet.map(fn), {}
     from fleetctl.release.batched import run_batched, skipped_results
 
     run = run_batched(fleet, fn, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
-                      app.inventory.folder)
+                      app.inventory.folder, claims)
     return skipped_results(run), {"halted": run.halted, "journal": run.journal}
 
 
@@ -158,24 +165,28 @@ def print_broken_locks(results: dict[str, HostResult[Any]]) -> None:
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for /health.")
 @click.option("--check", is_flag=True, help="Name each host's target release; switch nothing.")
 @break_lock_option
+@wait_option
 @rollout_options
 @yes_option
 @host_options
 @click.pass_obj
-def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break_lock: bool, rollout: Any) -> int:
+def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break_lock: bool, wait: float,
+             rollout: Any) -> int:
     """Switch back to a release already on the hosts and restart: nothing is reinstalled. The default
     target is the release before the current one in each host's history that was never rolled back
     from; a host already rolled back stays (--to goes further back), so a re-run is safe."""
     from fleetctl.release.hostlock import who
     from fleetctl.release.manage import rollback_host
+    from fleetctl.release.ownership import RunClaims
 
     if not check:  # a check changes nothing: no target needed, no question
         approve(app, "rollback", f"rollback to {to or 'the previous release'} (switch and restart, no reinstall)",
                 rollout.serial, rollout.group_var)
     holder = who(f"fleetctl rollback {to or ''}".strip())
+    claims = RunClaims(holder, break_lock, wait)
     with app.fleet() as fleet:
-        results, halted = in_batches(app, fleet, rollout, holder["command"],
-                                     lambda ctx: rollback_host(ctx, to, timeout, holder, break_lock, check), check)
+        results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: rollback_host(
+            ctx, to, timeout, holder, break_lock, check, claims.get(ctx.name)), check, claims)
     mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
                 + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
     if app.json:

@@ -42,11 +42,13 @@ def _split(values: tuple[str, ...]) -> frozenset[str]:
               "rollout here; on_failure applies), c (run the rest without asking).")
 @click.option("--events", "events", is_flag=True, help="Print the journal's events to stdout as they happen, "
               "one JSON object per line (secrets masked); the human output goes to stderr.")
+@click.option("--wait", type=click.FloatRange(0, 3600), default=0.0, metavar="SECONDS",
+              help="A host another run holds when a release play starts: wait up to SECONDS for that run to end.")
 @host_options
 @click.pass_obj
 def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check: bool, show_diff: bool,
         tags: tuple[str, ...], skip_tags: tuple[str, ...], start_at_task: str | None, resume: str | None,
-        rollback_timeout: float, step: bool, events: bool) -> int:
+        rollback_timeout: float, step: bool, events: bool, wait: float) -> int:
     """Run PLAYBOOK: each play's hosts in `serial` batches (the first is the canary), failure budgets,
     `on_failure` rollback, a journal in .fleetctl/runs/ beside the inventory."""
     from fleetctl.cli.run_operator import operator_for
@@ -96,7 +98,7 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     options = RunOptions(check=check, diff=show_diff, tags=_split(tags), skip_tags=_split(skip_tags),
                          start_at_task=start_at_task, limit=app.limit, extra_vars=dict(app.extra_vars),
                          resume_events=before, rollback_timeout=rollback_timeout, command=command,
-                         vault=app.vault, operator=operator)
+                         vault=app.vault, operator=operator, wait=wait)
     if events:
         journal.tee = EventStream(sys.stdout)
     runner = Runner(inventory, playbook, options, app.run_settings(),

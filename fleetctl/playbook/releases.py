@@ -6,10 +6,11 @@ between the play's ``before_rollback`` tasks (a drain at the load balancer) and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import HostError
 from fleetctl.playbook import journal as journal_mod
+from fleetctl.transport.base import Status
 from fleetctl.transport.fleet import HostContext
 
 if TYPE_CHECKING:
@@ -28,19 +29,53 @@ def as_release(runner: Runner, play: Play, fn: Callable[[HostContext], T]) -> Ca
     return lambda ctx: fn(runner.services.session_as(ctx.name, become, user))
 
 
-def record_releases(runner: Runner, play: Play, hosts: list[str]) -> dict[str, str | None]:
+def record_releases(runner: Runner, play: Play, hosts: list[str]) -> tuple[dict[str, str | None], dict[str, str]]:
     """The release each host runs before this rollout (from the resumed run's journal when it
-    recorded the host: a resumed rollout still rolls back to what ran before it first started)."""
+    recorded the host: a resumed rollout still rolls back to what ran before it first started), and
+    the hosts another run holds (a real run takes each host's lock here, for the whole run:
+    ``release/ownership.py``)."""
     from fleetctl.playbook.modules.release import current_release
 
-    before = journal_mod.recorded_releases(runner.options.resume_events or []).get(play.index, {})
-    missing = [h for h in hosts if h not in before]
-    found = runner.fleet.map(as_release(runner, play, current_release), names=missing) if missing else {}
+    events = runner.options.resume_events or []
+    before = journal_mod.recorded_releases(events).get(play.index, {})
+    claims = runner.services.claims
+    if claims is not None:
+        ours = releases_put_by(events)
+        found = runner.fleet.map(as_release(runner, play, lambda ctx: claims.claim(
+            ctx, before.get(ctx.name), ctx.name in before, ours.get(ctx.name, ()))), names=hosts)
+    else:  # check mode: nothing is taken
+        missing = [h for h in hosts if h not in before]
+        found = runner.fleet.map(as_release(runner, play, current_release), names=missing) if missing else {}
     recorded = {**before, **{h: r.value for h, r in found.items() if r.ok}}
+    refused = {h: r.reason or "" for h, r in found.items() if r.status is Status.FAILED}
     # A host not reached is not recorded, so a resumed run asks it again.
     runner.emit("recorded", play=play.index, releases={h: recorded[h] for h in hosts if h in recorded},
-                unreachable={h: r.reason for h, r in found.items() if not r.ok})
-    return recorded
+                unreachable={h: r.reason for h, r in found.items() if r.status is Status.UNREACHABLE},
+                refused=refused)
+    return recorded, refused
+
+
+def releases_put_by(events: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per host: the releases a resumed run's tasks put there (its own, not another run's)."""
+    out: dict[str, set[str]] = {}
+    for e in events:
+        if e.get("event") == "task_result" and e.get("release") and e.get("status") in ("ok", "changed"):
+            out.setdefault(str(e.get("host")), set()).add(str(e["release"]))
+    return out
+
+
+def refuse_hosts(runner: Runner, play: Play, hosts: list[str], refused: dict[str, str]) -> list[str]:
+    """The hosts this run could not take (another run holds them): failed with the lock's line, left
+    out of the play (never touched), and the others."""
+    for host, why in refused.items():
+        runner.recap[host]["failed"] += 1
+        entry = {"play": play.index, "task": None, "name": "take the host", "host": host, "status": "failed",
+                 "msg": why, "changed": False, "rolled_back": False}
+        runner.results.setdefault(host, []).append(entry)
+        runner.emit("task_result", **entry)
+        runner.emit("host_done", play=play.index, host=host, status="failed")
+    runner.failed_before |= set(refused)
+    return [h for h in hosts if h not in refused]
 
 
 def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], attempted: list[str],
@@ -84,7 +119,8 @@ def _roll_back(runner: Runner, play: Play, recorded: dict[str, str | None], targ
         to = recorded.get(ctx.name)
         if not to:
             return "ok", "no release recorded before this rollout: left as it is"
-        outcome = rollback_host(ctx, to, runner.options.rollback_timeout, runner.holder)
+        claim = runner.services.claims.get(ctx.name) if runner.services.claims else None
+        outcome = rollback_host(ctx, to, runner.options.rollback_timeout, runner.holder, claim=claim)
         if not outcome.ok:
             raise HostError(ctx.name, "rollback: " + "; ".join(g.detail for g in outcome.gates if not g.ok))
         status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"

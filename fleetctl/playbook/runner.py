@@ -41,6 +41,7 @@ from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.interact import Operator
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult, asyncjobs
 from fleetctl.playbook.schema import Play, Playbook, Task
+from fleetctl.release.ownership import RunClaims
 from fleetctl.templating import filters
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
@@ -64,6 +65,7 @@ class RunOptions:
     command: str = "fleetctl run"
     vault: Vault | None = None  # --vault-password-file / --vault-id: encrypted copy sources
     operator: Operator = field(default_factory=Operator)  # the terminal (pause, --step), or none
+    wait: float = 0.0  # --wait: seconds to wait for a host another run holds
 
 
 T = TypeVar("T")
@@ -125,6 +127,9 @@ class Runner:
         self.holder = who(options.command)
         self.services = RunServices(inventory, settings, self.holder, templating.render_text, templating.evaluate,
                                     self.fleet.contexts, options.vault)
+        if not options.check:  # a real run owns the hosts of its release plays until it ends (ownership.py)
+            self.services.claims = RunClaims(self.holder, wait=options.wait)
+            self.services.claims.start(journal.run_id)
         self.registered: dict[str, dict[str, Any]] = {}
         self.recap: dict[str, Counter[str]] = {}
         self.results: dict[str, list[dict[str, Any]]] = {}  # per host, for --json
@@ -196,6 +201,8 @@ class Runner:
                 self.emit("run_end", status=self.status, error=str(exc), recap=self._recap())
             raise
         finally:
+            if self.services.claims is not None:
+                self.services.claims.release_all()
             self.delegation.close()
             self.services.close()
             self.fleet.close()
@@ -239,7 +246,10 @@ class Runner:
             return
         self.open_hosts(play, hosts)
         self.deadline = time.monotonic() + model.progress_deadline if model.progress_deadline else None
-        recorded = releases.record_releases(self, play, hosts) if play.has_module("release") else {}
+        recorded: dict[str, str | None] = {}
+        if play.has_module("release"):  # taken for the run: a host another run holds fails here, untouched
+            recorded, refused = releases.record_releases(self, play, hosts)
+            hosts = releases.refuse_hosts(self, play, hosts, refused)
         group_of = rollout.group_of(self.fleet, model.serial_group_var)
         rollout_ = Rollout(play, rollout.batches(hosts, model.serial, group_of), recorded)
         for b, batch in enumerate(rollout_.plan):

@@ -4,7 +4,10 @@ code path with playbooks: the batches and the budgets are
 ``playbook/rollout.py``'s (``batches``, ``Budget``), so ``--serial 1 --serial 50%`` means exactly
 what ``serial: [1, "50%"]`` means in a play, and a grouping variable keeps a multi-node server's
 hosts in one batch. Every batch and host start and end is an event in a run journal under
-``.fleetctl/runs/`` beside the inventory (``fleetctl runs list|show``).
+``.fleetctl/runs/`` beside the inventory (``fleetctl runs list|show``). With ``claims`` the run owns
+its hosts (``ownership.py``): every host's lock is taken before the first batch and held to the end,
+so a second deploy or rollout cannot slip into a later batch's host; a host another run holds fails
+with the lock's line and is not touched.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fleetctl.errors import HostError
 from fleetctl.playbook import rollout
 from fleetctl.playbook.journal import Journal, runs_dir
+from fleetctl.release.ownership import RunClaims
 from fleetctl.secrets import Redactor
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext
@@ -48,7 +53,8 @@ class BatchedRun:
 
 
 def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, command: str,
-                ok: Callable[[HostResult[T]], bool], inventory_folder: Path) -> BatchedRun:
+                ok: Callable[[HostResult[T]], bool], inventory_folder: Path,
+                claims: RunClaims | None = None) -> BatchedRun:
     """``fn`` on every host, batch after batch; stops when the budget is exceeded (the hosts of the
     batches not started are left out of ``results`` and listed in ``skipped``)."""
     names = sorted(fleet.contexts)
@@ -59,11 +65,15 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
                   serial=list(how.serial))
     run = BatchedRun({}, plan, journal=str(journal.path))
     failed_total = 0
+    refused: dict[str, HostResult[Any]] = {}
     try:
+        if claims is not None:
+            claims.start(journal.run_id)
+            refused = {h: r for h, r in fleet.map(claims.claim, names=names).items() if not r.ok}
         for b, batch in enumerate(plan):
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
-            results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command),
-                                names=batch)
+            results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command,
+                                                  refused=refused), names=batch)
             failed = [h for h in batch if not ok(results[h])]
             for host in batch:
                 res = results[host]
@@ -82,6 +92,8 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
                               not_started=run.skipped, on_failure="stop")
                 break
     finally:
+        if claims is not None:
+            claims.release_all()
         recap = {h: {"ok": int(ok(r)), "failed": int(not ok(r))} for h, r in run.results.items()}
         status = "halted" if run.halted else ("ok" if all(ok(r) for r in run.results.values()) else "failed")
         journal.event("run_end", status=status, recap=recap)
@@ -89,8 +101,11 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
     return run
 
 
-def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str) -> T:
+def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str,
+               refused: dict[str, HostResult[Any]]) -> T:
     journal.event("task_start", play=0, batch=batch, host=ctx.name, name=command, started=time.time())
+    if ctx.name in refused:  # another run holds it (or it failed when the run took it): not touched
+        raise HostError(ctx.name, refused[ctx.name].reason or "not taken by this run")
     return fn(ctx)
 
 

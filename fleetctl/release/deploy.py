@@ -25,6 +25,7 @@ from fleetctl.release.gates import GateResult, aborting, run_gates
 from fleetctl.release.hostlock import host_lock
 from fleetctl.release.kernels import ReleaseKernels, release_kernels  # fleetctl kernels: tuned MoE configs
 from fleetctl.release.launch_check import LaunchCheck, check_launch_args, patched_overlay
+from fleetctl.release.ownership import Claim
 from fleetctl.release.servers import restart
 from fleetctl.release.service import (
     STANDIN,
@@ -98,10 +99,12 @@ def load_patches(spec: ReleaseSpec) -> Loaded:
 
 
 def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: bool, holder: dict[str, Any],
-                break_lock: bool = False, rebuild: bool = False, stage_only: bool = False) -> DeployResult:
+                break_lock: bool = False, rebuild: bool = False, stage_only: bool = False,
+                claim: Claim | None = None) -> DeployResult:
     """Deploy ``spec`` on the host; ``stage_only``: the build half only (``release/stage.py``). A host
     where this spec is staged (its base unchanged since) goes straight to the switch half. What
-    happens is decided once (``plan_switch``): check mode reports that decision, the real run does it."""
+    happens is decided once (``plan_switch``): check mode reports that decision, the real run does it.
+    ``claim``: the rollout's record of the host (``ownership.py``), checked before the switch."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
         models = models_fit(session, spec)
@@ -114,7 +117,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
                 # The host's configuration as of now, not as of staging (a token rotated since).
                 kernels = release_kernels(session, spec, base_venv_path(spec, layout))
                 reconfig.write(session, layout, staged.release_id, host_files(session, spec, layout, kernels))
-                return go_live(session, spec, layout, result, holder, state)
+                return go_live(session, spec, layout, result, holder, state, claim)
         result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
         result.broke_lock, result.models = broke, models
         rid = result.release_id
@@ -142,7 +145,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
                                             built=result.build)
-        return go_live(session, spec, layout, result, holder, base["state"])
+        return go_live(session, spec, layout, result, holder, base["state"], claim)
 
 
 def models_fit(session: HostSession, spec: ReleaseSpec) -> list[dict[str, Any]]:
@@ -193,13 +196,16 @@ def build_half_plan(session: HostSession, spec: ReleaseSpec, loaded: Loaded, lay
 
 
 def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result: DeployResult,
-            holder: dict[str, Any], state: dict[str, Any]) -> DeployResult:
+            holder: dict[str, Any], state: dict[str, Any], claim: Claim | None = None) -> DeployResult:
     """The switch half: switch ``current`` once, then each instance in order restarted and gated;
     any failure takes the whole host (all its instances) back to ``previous``. A host found serving
     the release (``unchanged``) is gated again; when the release never passed its gates there (a run
-    cut off mid-gate: host lost, Ctrl-C), the canary compares it with the release it replaced."""
+    cut off mid-gate: host lost, Ctrl-C), the canary compares it with the release it replaced. A
+    rollout's host (``claim``) that no longer runs what the rollout recorded is not switched."""
     rid, previous = result.release_id, result.previous
     unchanged = result.plan == "unchanged"
+    if claim is not None and not unchanged:
+        claim.check(state, rid)  # state was read under the lock the rollout holds
     baseline = None if unchanged and rid in (state.get("passed") or []) else previous
     ours = insts.of_spec(spec)
     for n, inst in enumerate(ours):
@@ -227,8 +233,12 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
         result.gates.append(GateResult("gates' pass recorded", False, exc.reason))
         return roll_back_after_failure(session, spec, layout, result, holder)
     result.outcome = "unchanged" if unchanged else "deployed"
-    if not unchanged:
-        pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases})
+    if claim is not None:
+        claim.ours.add(rid)
+    if not unchanged:  # never the release a running rollout may roll back to
+        protect = claim.protected() if claim is not None else []
+        pruned = session.call("release_host", {"op": "prune", **layout.params(), "keep": spec.model.keep_releases,
+                                               "protect": protect})
         result.pruned, result.pruned_bases = pruned["removed"], pruned.get("bases_removed") or []
     return result
 

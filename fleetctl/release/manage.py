@@ -10,6 +10,7 @@ from fleetctl.release import instances, servers
 from fleetctl.release.deploy import ReleaseRefused
 from fleetctl.release.gates import GateResult
 from fleetctl.release.hostlock import host_lock
+from fleetctl.release.ownership import Claim
 from fleetctl.release.service import control, layout_for
 from fleetctl.transport.base import HostSession
 
@@ -34,12 +35,13 @@ class RollbackResult:
 
 
 def rollback_host(session: HostSession, to: str | None, timeout: float, holder: dict[str, Any],
-                  break_lock: bool = False, check: bool = False) -> RollbackResult:
+                  break_lock: bool = False, check: bool = False, claim: Claim | None = None) -> RollbackResult:
     """Switch ``current`` to ``to`` (a release id, the same on every host) or to the release before
     it in the host's switch history that was never rejected, restart, and wait for health. Nothing is
     reinstalled. Idempotent, as Capistrano's rollback: a host an operator's rollback already brought
     back stays where it is (``--to`` goes further back), so re-running a fleet rollback after a partial
-    failure moves only the hosts that did not make it. ``check``: the target, nothing switched."""
+    failure moves only the hosts that did not make it. ``check``: the target, nothing switched.
+    ``claim``: the rollout's record of the host (``ownership.py``), checked before the switch."""
     layout = layout_for(session.vars)
     with host_lock(session, layout, holder, break_lock) as broke:
         state = session.call("release_host", {"op": "state", **layout.params()})
@@ -60,6 +62,8 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
         if check:
             return RollbackResult(session.name, "planned", current, target, broke_lock=broke)
+        if claim is not None:
+            claim.check(state, target)
         before, names = instances.names_of(state.get("service")), servers.names_in(state, target)
         # every instance of the target restarted, in order, in the one sequence of the switch
         failed = servers.switch_over(session, layout, target, "rollback", holder,
@@ -68,6 +72,8 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
             servers.switch_over(session, layout, current, f"restart failed for {target}", holder,
                                 [n for n in names if n not in before], before, kind="revert")
             raise HostError(session.name, f"restart failed: {failed}; switched back to {current}")
+        if claim is not None:
+            claim.ours.add(target)  # the rollout put it there: its next switch may leave it
         gates = servers.healthy_all(session, layout, names, timeout)
         return RollbackResult(session.name, "rolled-back", current, target, gates, broke_lock=broke)
 

@@ -27,7 +27,7 @@ import shutil
 import socket
 import time
 
-_LOCK = {"fd": None}
+_LOCK = {"fd": None, "hold": False, "broke": None}  # hold: a rollout's, kept until its run ends
 
 
 class DiskFull(Exception):
@@ -59,14 +59,18 @@ def op_lock(params):
     dead agent never leaves a lock. An agent outlives its run only while its SSH session does
     (the controller vanished behind a half-open connection, or the agent is busy in a long
     operation when its run was killed). ``break_holder`` (the holding agent's pid and start time,
-    as a refusal reported them) ends exactly that agent, after which the lock is taken."""
+    as a refusal reported them) ends exactly that agent, after which the lock is taken.
+    ``hold``: a rollout's lock, kept by ``unlock`` until its run ends (``end_run``); ``wait``: seconds
+    to wait for a held lock to be freed before refusing."""
     state_dir = params["state_dir"]
     require_writable(write_targets(params))  # first: a user who may not deploy changes nothing
     os.makedirs(state_dir, exist_ok=True)
     if _LOCK["fd"] is not None:
-        return {"locked": True}
+        _LOCK["hold"] = _LOCK["hold"] or bool(params.get("hold"))
+        return {"locked": True, "broke": _LOCK["broke"]} if _LOCK["broke"] else {"locked": True}
     path = os.path.join(state_dir, "deploy.lock")
     broke, deadline = None, 0.0
+    wait_until = time.time() + float(params.get("wait") or 0)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     while True:
         try:
@@ -88,6 +92,9 @@ def op_lock(params):
         if broke is not None and time.time() < deadline:
             time.sleep(0.05)  # the flock goes when the process has exited
             continue
+        if broke is None and time.time() < wait_until:
+            time.sleep(0.2)  # --wait: the holder's run ends and its flock goes
+            continue
         os.close(fd)
         return {"locked": False, "holder": holder}
     holder = dict(params.get("holder") or {}, agent_pid=os.getpid(), agent_start=process_start(os.getpid()),
@@ -99,7 +106,7 @@ def op_lock(params):
         if disk_full(exc):
             raise DiskFull(full_message(path + ".holder", "nothing changed"))
         raise
-    _LOCK["fd"] = fd
+    _LOCK.update(fd=fd, hold=bool(params.get("hold")), broke=broke)
     return {"locked": True, "broke": broke} if broke else {"locked": True}
 
 
@@ -144,12 +151,15 @@ def end_process(pid, start):
 
 
 def op_unlock(params):
+    """Free the lock; a rollout's (``hold``) only when its run ends (``end_run``)."""
+    if _LOCK["hold"] and not params.get("end_run"):
+        return {"locked": True}
     if _LOCK["fd"] is not None:
         path = os.path.join(params["state_dir"], "deploy.lock.holder")
         if os.path.exists(path):
             os.unlink(path)  # before the flock goes: a waiting run never reads a stale holder
         os.close(_LOCK["fd"])  # closing the descriptor releases the flock
-        _LOCK["fd"] = None
+        _LOCK.update(fd=None, hold=False, broke=None)
     return {"locked": False}
 
 

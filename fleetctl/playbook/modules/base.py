@@ -27,6 +27,7 @@ from fleetctl.vault import Vault
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
+    from fleetctl.release.ownership import RunClaims
     from fleetctl.transport.fleet import HostContext, RunSettings
 
 
@@ -75,6 +76,7 @@ class RunServices:
         self.memo_lock = threading.Lock()
         self.operator = Operator()  # the terminal (pause's prompt) and the run's stop, set by the runner
         self.abort = threading.Event()  # the run's second Ctrl-C: every session's gates in flight end
+        self.claims: RunClaims | None = None  # the hosts a real run owns (release/ownership.py), set by the runner
 
     def session(self, name: str) -> HostContext:
         """The run's session of any inventory host (opened once, shared with the plays)."""

@@ -51,7 +51,8 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
     # play's `serial_group_var` keeps the group in one batch).
     annotate({mc.host: mc.session}, mc.run.inventory.hosts, spec.model.service.node_group)
     staging = args.state == "staged"
-    result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder, stage_only=staging)
+    claim = mc.run.claims.get(mc.host) if mc.run.claims else None  # the rollout's record of the host
+    result = core.deploy_host(mc.session, spec, loaded, mc.check, mc.run.holder, stage_only=staging, claim=claim)
     data: dict[str, Any] = {k: v for k, v in result.to_dict().items() if k != "diffs"}
     if staging and not mc.check:
         built = bool(result.build.get("built"))
@@ -115,7 +116,8 @@ def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
             return TaskResult(msg=plan.note or f"{plan.to_id} already current", release=plan.to_id)
         return TaskResult(changed=True, msg=f"would roll back from {plan.from_id} to {plan.to_id}",
                           release=plan.to_id)
-    out = rollback_host(mc.session, args.to, args.timeout, mc.run.holder)
+    out = rollback_host(mc.session, args.to, args.timeout, mc.run.holder,
+                        claim=mc.run.claims.get(mc.host) if mc.run.claims else None)
     data = out.to_dict()
     if not out.ok:
         return TaskResult(changed=True, failed=True, data=data, release=out.to_id,
