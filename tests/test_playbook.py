@@ -11,7 +11,7 @@ import pytest
 from fleetctl import templating
 from fleetctl.errors import InputError
 from fleetctl.playbook import journal, rollout
-from fleetctl.playbook.schema import load_playbook
+from fleetctl.playbook.plays import load_playbook
 from fleetctl.secrets import Redactor
 
 REPO = Path(__file__).resolve().parent.parent

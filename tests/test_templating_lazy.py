@@ -11,7 +11,7 @@ import pytest
 
 from fleetctl.errors import InputError
 from fleetctl.inventory.sources import load_inventory
-from fleetctl.playbook.schema import load_playbook
+from fleetctl.playbook.plays import load_playbook
 from fleetctl.release.service import command, env_file, layout_for
 from fleetctl.release.spec import load_spec
 from fleetctl.secrets import MASK, Redactor, masked, secret_values

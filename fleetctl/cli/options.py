@@ -124,7 +124,7 @@ def finish(results: dict[str, HostResult[Any]], expect: str | None, found: Any, 
 
 
 def _serial_steps(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int | str, ...]:
-    from fleetctl.playbook.schema import _check_step
+    from fleetctl.playbook.play_schema import _check_step
 
     steps: list[int | str] = []
     for value in values:

@@ -56,8 +56,8 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook import approval
     from fleetctl.playbook import journal as jr
     from fleetctl.playbook.events import EventStream
+    from fleetctl.playbook.plays import load_playbook
     from fleetctl.playbook.runner import Runner, RunOptions
-    from fleetctl.playbook.schema import load_playbook
     from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)

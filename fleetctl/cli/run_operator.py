@@ -15,7 +15,7 @@ from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import InputError
 from fleetctl.playbook.interact import NO_TERMINAL, Operator, Terminal
-from fleetctl.playbook.schema import Playbook
+from fleetctl.playbook.play_schema import Playbook
 
 
 def operator_for(playbook: Playbook, step: bool, write: Callable[[str], None],

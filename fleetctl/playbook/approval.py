@@ -28,35 +28,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from fleetctl.errors import InputError
+from fleetctl.playbook.play_schema import Approval
 
 if TYPE_CHECKING:
-    from fleetctl.playbook.runner import Rollout, Runner
+    from fleetctl.playbook.state import Rollout
+    from fleetctl.playbook.state import RunnerView as Runner
 
 POLL = 0.25  # seconds between looks at the decision file
-
-
-class Approval(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    before_batch: list[int] | Literal["each"] = [2]
-    timeout: float = Field(default=3600.0, gt=0)
-    on_timeout: Literal["abort", "promote"] = "abort"
-
-    @field_validator("before_batch", mode="before")
-    @classmethod
-    def _batches(cls, value: Any) -> Any:
-        if value == "each":
-            return value
-        items = value if isinstance(value, list) else [value]
-        if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
-            raise ValueError("before_batch is a batch number (1 is the canary), a list of them, or 'each'")
-        return items
-
-    def waits_before(self, batch: int) -> bool:
-        return batch >= 2 if self.before_batch == "each" else batch in self.before_batch
 
 
 def decision_path(journal: Path) -> Path:

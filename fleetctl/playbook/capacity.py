@@ -28,8 +28,10 @@ from fleetctl.transport.base import HostResult
 from fleetctl.transport.fleet import Fleet, HostContext, make_connector
 
 if TYPE_CHECKING:
-    from fleetctl.playbook.runner import Rollout, Runner
-    from fleetctl.playbook.schema import Play, Task
+    from fleetctl.playbook.play_schema import Play
+    from fleetctl.playbook.schema import Task
+    from fleetctl.playbook.state import Rollout
+    from fleetctl.playbook.state import RunnerView as Runner
     from fleetctl.release.spec import ReleaseSpec
 
 T = TypeVar("T")

@@ -10,6 +10,7 @@ roles' ``vars`` above those, roles' ``defaults`` below the inventory.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ from fleetctl import yamlfile
 from fleetctl.errors import FleetError, InputError
 from fleetctl.playbook import blocks, fqcn, handlers, roles
 from fleetctl.playbook.modules import MODULES
-from fleetctl.playbook.schema import Play, PlayModel, Task, TaskOptions
+from fleetctl.playbook.play_schema import Play, Playbook, PlayModel
+from fleetctl.playbook.schema import Task, TaskOptions, _check_templates
 from fleetctl.templating import is_template
 
 if TYPE_CHECKING:
@@ -29,13 +31,31 @@ MAX_IMPORT_DEPTH = 16
 _IMPORT_KEYS = ("import_playbook", "name")
 
 
+def load_playbook(path: Path, vault: Vault | None = None) -> Playbook:
+    """Read and check ``path``; the first problem raises InputError naming file:line."""
+    digest = hashlib.sha256()
+    found = load_plays(path, vault, digest)
+    for n, play in enumerate(found):  # imported playbooks' plays are numbered in running order
+        play.index = n
+        for task in [*play.tasks, *play.handlers]:
+            task.play = n
+    return Playbook(path, found, digest.hexdigest())
+
+
+def _play(doc: yamlfile.YamlDoc, i: int, raw: Any, vault: Vault | None = None) -> Play:
+    model = yamlfile.validate_at(doc, (i,), raw, PlayModel, "play")
+    _check_templates(doc, (i, "vars"), model.vars)
+    play = build_play(doc, i, model, vault)
+    if model.on_failure != "halt" and not play.has_module("release"):
+        raise doc.error((i, "on_failure"), f"on_failure: {model.on_failure} rolls back releases, and this play "
+                                           "has no `release` task")
+    return play
+
+
 def load_plays(path: Path, vault: Vault | None, digest: hashlib._Hash, depth: int = 0,
                seen: tuple[Path, ...] = ()) -> list[Play]:
     """Every play of ``path``, imported playbooks' plays in their place."""
-    from fleetctl.playbook import includes
-    from fleetctl.playbook.schema import _play
-
-    includes.loading_vault[0] = vault
+    blocks.loading_vault[0] = vault
     doc = yamlfile.load(path, "playbook", vault)
     digest.update(path.read_bytes())
     if not isinstance(doc.data, list) or not doc.data:

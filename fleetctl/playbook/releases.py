@@ -14,8 +14,8 @@ from fleetctl.transport.base import Status
 from fleetctl.transport.fleet import HostContext
 
 if TYPE_CHECKING:
-    from fleetctl.playbook.runner import Runner
-    from fleetctl.playbook.schema import Play
+    from fleetctl.playbook.play_schema import Play
+    from fleetctl.playbook.state import RunnerView as Runner
 
 T = TypeVar("T")
 

@@ -14,15 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
-from fleetctl import templating, yamlfile
+from fleetctl import templating
 from fleetctl.errors import FleetError, InputError
 from fleetctl.inventory import Inventory
 from fleetctl.playbook import (
@@ -30,7 +27,6 @@ from fleetctl.playbook import (
     blocks,
     capacity,
     handlers,
-    loops,
     outcome,
     releases,
     rollout,
@@ -38,82 +34,23 @@ from fleetctl.playbook import (
 )
 from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
-from fleetctl.playbook.interact import Operator
-from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult, asyncjobs
-from fleetctl.playbook.schema import Play, Playbook, Task
+from fleetctl.playbook.modules import RunServices, TaskResult
+from fleetctl.playbook.play_schema import Play, Playbook
+from fleetctl.playbook.schema import Task
+from fleetctl.playbook.state import PlaybookStopped, Rollout, RunOptions
+from fleetctl.playbook.tasks import TaskRunner
 from fleetctl.release.ownership import RunClaims
-from fleetctl.templating import filters
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
-from fleetctl.vault import Vault
 
 Listener = Callable[[str, dict[str, Any]], None]
 RECAP_KEYS = ("ok", "changed", "failed", "unreachable", "skipped", "ignored", "rescued", "rolled_back")
 
 
-@dataclass
-class RunOptions:
-    check: bool = False
-    diff: bool = False
-    tags: frozenset[str] = frozenset()
-    skip_tags: frozenset[str] = frozenset()
-    start_at_task: str | None = None
-    limit: str | None = None
-    extra_vars: dict[str, Any] = field(default_factory=dict)
-    resume_events: list[dict[str, Any]] | None = None  # the journal of the run being resumed
-    rollback_timeout: float = 300.0
-    command: str = "fleetctl run"
-    vault: Vault | None = None  # --vault-password-file / --vault-id: encrypted copy sources
-    operator: Operator = field(default_factory=Operator)  # the terminal (pause, --step), or none
-    wait: float = 0.0  # --wait: seconds to wait for a host another run holds
-
-
 T = TypeVar("T")
 
 
-class PlaybookStopped(Exception):
-    """Internal: a budget was exceeded or the run was interrupted; no later batch or play runs."""
-
-
-@dataclass
-class Rollout:
-    """One play's rollout as it goes: its batches, budgets, the hosts tried and failed so far."""
-
-    play: Play
-    plan: list[list[str]]
-    recorded: dict[str, str | None]
-    attempted: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-
-    @property
-    def budget(self) -> rollout.Budget:
-        m = self.play.model
-        return rollout.Budget(m.max_fail_percentage, m.max_failures, m.any_errors_fatal)
-
-
-class _HostVars(Mapping[str, Any]):
-    """``hostvars``: every host's variables, registered results included, computed on access."""
-
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
-
-    def __getitem__(self, name: str) -> Any:
-        ctx = self._runner.fleet.contexts.get(name)
-        if ctx is None:
-            host = self._runner.inventory.hosts.get(name)
-            if host is None:
-                raise KeyError(name)
-            return templating.LazyVars(dict(host.vars))
-        return templating.LazyVars({**ctx.vars, **self._runner.registered.get(name, {})})
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._runner.inventory.hosts)
-
-    def __len__(self) -> int:
-        return len(self._runner.inventory.hosts)
-
-
-class Runner:
+class Runner(TaskRunner):
     def __init__(self, inventory: Inventory, playbook: Playbook, options: RunOptions, settings: RunSettings,
                  journal: journal_mod.Journal, listener: Listener | None = None) -> None:
         from fleetctl.release.hostlock import who
@@ -411,82 +348,6 @@ class Runner:
         self.results.setdefault(host, []).append(self.journal.redact(entry))
         self.emit("task_result", **entry)
         return status
-
-    def task_vars(self, ctx: HostContext, batch: list[str]) -> dict[str, Any]:
-        return {**ctx.vars, **self.registered.get(ctx.name, {}), **self.options.extra_vars,
-                "inventory_hostname": ctx.name, "groups": self._groups, "hostvars": _HostVars(self),
-                "batch_hosts": list(batch), "check_mode": self.options.check, "omit": filters.OMIT,
-                "playbook_dir": str(self.playbook.path.parent.resolve()), "__vault": self.services.vault,
-                "__redact": self.journal.redact}
-
-    def run_task(self, play: Play, task: Task, ctx: HostContext, batch: list[str]) -> TaskResult:
-        """One task on one host (in a worker thread): once, or once per item of its loop."""
-        where = task.where(self.playbook.path)
-        variables = self.task_vars(ctx, batch)
-        if task.role_dir:
-            variables["role_path"] = str(task.role_dir)
-        variables.update(loops.task_vars(task, variables, where))
-        if task.options.loop_items is not None:
-            return loops.run_loop(task, variables, where, partial(self.run_item, task, ctx, where=where))
-        return self.run_item(task, ctx, variables, where)
-
-    def run_item(self, task: Task, ctx: HostContext, variables: dict[str, Any], where: str) -> TaskResult:
-        """when, render, validate, run, retry until."""
-        try:
-            for cond in task.when:
-                if not templating.truthy(templating.evaluate(cond, variables)):
-                    return TaskResult(skipped=True, msg=f"condition false: {cond}")
-        except templating.TemplateProblem as exc:
-            raise InputError(f"{where}: when: {exc}") from None
-        until, reg = task.options.until, task.options.register_as
-        attempts = task.options.retries + 1 if until else 1
-        result = TaskResult()
-        for attempt in range(1, attempts + 1):
-            result = self.call_module(task, ctx, variables, where)
-            if until is None or reg is None:
-                return result
-            variables[reg] = templating.unsafe(result.as_var())
-            try:
-                if templating.truthy(templating.evaluate(until, variables)):
-                    return result
-            except templating.TemplateProblem as exc:
-                raise InputError(f"{where}: until: {exc}") from None
-            if attempt < attempts:
-                time.sleep(task.options.delay)
-        result.failed = True
-        result.msg = f"until {until!r} still false after {attempts} attempts" + (f": {result.msg}" if result.msg
-                                                                                 else "")
-        return result
-
-    def call_module(self, task: Task, ctx: HostContext, variables: dict[str, Any], where: str) -> TaskResult:
-        play = self.playbook.plays[task.play].model  # a task's become keyword beats its play's
-        become = task.options.become if task.options.become is not None else play.become
-        user = task.options.become_user or play.become_user
-        if task.options.delegate_to:  # that host's connection, this host's variables
-            try:
-                to = str(templating.render(task.options.delegate_to, variables))
-            except templating.TemplateProblem as exc:
-                raise InputError(f"{where}: delegate_to: {exc}") from None
-            ctx = self.delegation.session(to, become, user)
-        elif become is not None or user is not None:
-            ctx = self.services.session_as(ctx.name, become, user)
-        try:
-            raw = filters.strip_omitted(templating.render(task.args, variables))
-            env = {k: str(v) for k, v in templating.render(task.options.environment, variables).items()}
-        except templating.TemplateProblem as exc:
-            raise InputError(f"{where}: {task.module.name}: {exc}") from None
-        try:
-            args = task.module.args.model_validate(raw)
-        except ValidationError as exc:
-            doc = yamlfile.YamlDoc(task.source or self.playbook.path, raw, start_line=task.line)
-            raise yamlfile.first_error(doc, (), exc, prefix=f"{task.module.name}.") from None
-        check = self.options.check if task.options.check_mode is None else task.options.check_mode
-        mc = ModuleContext(ctx, variables, check, self.options.diff, self.playbook.path.parent,
-                           self.services, env, task.role_dir)
-        if task.options.async_:  # a detached host job (modules/asyncjobs.py)
-            done = asyncjobs.run_async(mc, task.module, args, task.options.async_, task.options.poll)
-            return outcome.apply(task, variables, done, where)
-        return outcome.apply(task, variables, task.module.fn(mc, args), where)
 
     def as_release(self, play: Play, fn: Callable[[HostContext], T]) -> Callable[[HostContext], T]:
         return releases.as_release(self, play, fn)
