@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from fleetctl.errors import InputError
-from fleetctl.playbook.rollout import batches
 from fleetctl.release import instances
 from fleetctl.release.service import command, env_file, layout_for, listen, unit
 from fleetctl.release.spec import load_spec
+from fleetctl.runs.rollout import batches
 
 REMOTE = Path(__file__).resolve().parents[1] / "fleetctl" / "remote"
 

@@ -10,8 +10,8 @@ import pytest
 
 from fleetctl import templating
 from fleetctl.errors import InputError
-from fleetctl.playbook import journal, rollout
 from fleetctl.playbook.plays import load_playbook
+from fleetctl.runs import journal, rollout
 from fleetctl.secrets import Redactor
 
 REPO = Path(__file__).resolve().parent.parent

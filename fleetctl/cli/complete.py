@@ -59,7 +59,7 @@ def host_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> l
 
 
 def _journals(ctx: click.Context) -> list[Path]:
-    from fleetctl.playbook.journal import runs_dir
+    from fleetctl.runs.journal import runs_dir
 
     try:
         folder = runs_dir(_app(ctx).inventory.folder)

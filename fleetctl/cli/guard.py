@@ -55,7 +55,7 @@ def approve(app: AppContext, command: str, what: str, serial: Sequence[int | str
 
 def plan_lines(app: AppContext, what: str, names: list[str], serial: Sequence[int | str],
                group_var: str | None) -> list[str]:
-    from fleetctl.playbook.rollout import batches
+    from fleetctl.runs.rollout import batches
 
     variables = {h.name: h.vars for h in app.selected_hosts()}
     group_of: Any = (lambda h: variables[h].get(group_var)) if group_var else None

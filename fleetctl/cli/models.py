@@ -12,6 +12,7 @@ import click
 from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.guard import approve, yes_option
+from fleetctl.cli.model_targets import model_targets
 from fleetctl.cli.options import exit_code_for, host_options
 from fleetctl.errors import ExitCode
 from fleetctl.transport.base import HostResult
@@ -60,7 +61,7 @@ def remove(app: AppContext, target: str) -> int:
     that a kept release on the host names is never removed: that host is refused in one line."""
     from fleetctl.models import status as core
 
-    refs, _ = core.targets(target)
+    refs, _ = model_targets(target)
     approve(app, "models remove", f"remove {', '.join(r.label() for r in refs)}")
     with app.fleet() as fleet:
         results = fleet.map(lambda ctx: core.remove_on_host(ctx, refs))
@@ -77,7 +78,7 @@ def remove(app: AppContext, target: str) -> int:
 def _check(app: AppContext, target: str, tier: str) -> int:
     from fleetctl.models import status as core
 
-    refs, release_id = core.targets(target)
+    refs, release_id = model_targets(target)
     with app.fleet(read_only=tier == "quick") as fleet:
         results = fleet.map(lambda ctx: core.check_host(ctx, refs, tier))
     if app.json:

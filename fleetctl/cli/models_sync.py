@@ -12,6 +12,7 @@ import click
 
 from fleetctl import render
 from fleetctl.cli.context import AppContext
+from fleetctl.cli.model_targets import model_targets
 from fleetctl.cli.options import exit_code_for, host_options
 from fleetctl.errors import InputError
 
@@ -82,9 +83,8 @@ def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stal
 
 def model_paths(target: str) -> list[tuple[str, str | None]]:
     """The model folders TARGET names (a folder path, or a release spec's models) and the revision each pins."""
-    from fleetctl.models import status as core
 
-    refs, _ = core.targets(target)
+    refs, _ = model_targets(target)
     others = [r.label() for r in refs if r.layout != "folder"]
     if others:
         raise InputError(f"{target}: models sync takes model folders; not yet a HF cache: {', '.join(others)}")

@@ -138,14 +138,14 @@ def _serial_steps(ctx: click.Context, param: click.Parameter, values: tuple[str,
 
 def rollout_options(fn: Any) -> Any:
     """``--serial`` and the failure budgets, as a play's ``serial``, ``max_fail_percentage``,
-    ``max_failures`` and ``serial_group_var`` (one planner: ``playbook/rollout.py``); passed as ``rollout``."""
+    ``max_failures`` and ``serial_group_var`` (one planner: ``runs/rollout.py``); passed as ``rollout``."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args: Any, serial: tuple[int | str, ...], max_fail_percentage: float | None,
                 max_failures: int | None, group_by: str | None, **kwargs: Any) -> Any:
-        from fleetctl.playbook.rollout import Budget
         from fleetctl.release.batched import Rollout
+        from fleetctl.runs.rollout import Budget
 
         how = Rollout(serial, Budget(max_fail_percentage, max_failures), group_by)
         return fn(*args, rollout=how, **kwargs)

@@ -40,9 +40,9 @@ def report(app: AppContext, output: Path | None, venv: str | None, baseline_host
     Exit 0: no host red; 1: some host is red; 2: some hosts failed or were unreachable.
     """
     from fleetctl.lockfile import parse_lock
-    from fleetctl.playbook.journal import runs_dir
     from fleetctl.report import fleet as core
     from fleetctl.report.data import ReportRequest, gather
+    from fleetctl.runs.journal import runs_dir
 
     if baseline_host and lock_file:
         raise click.UsageError("--baseline and --lock are exclusive: pick one baseline")

@@ -54,10 +54,10 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.cli.run_operator import operator_for
     from fleetctl.errors import InputError
     from fleetctl.playbook import approval
-    from fleetctl.playbook import journal as jr
     from fleetctl.playbook.events import EventStream
     from fleetctl.playbook.plays import load_playbook
     from fleetctl.playbook.runner import Runner, RunOptions
+    from fleetctl.runs import journal as jr
     from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)
@@ -315,7 +315,7 @@ def runs() -> None:
 @click.pass_obj
 def list_runs(app: AppContext, as_json: bool) -> int:
     """Every run: id, playbook, when, how it ended."""
-    from fleetctl.playbook import journal as jr
+    from fleetctl.runs import journal as jr
 
     found = jr.list_runs(jr.runs_dir(app.inventory.folder))
     if as_json or app.json:
@@ -333,7 +333,7 @@ def list_runs(app: AppContext, as_json: bool) -> int:
 @click.pass_obj
 def show_run(app: AppContext, run_id: str, as_json: bool) -> int:
     """One run's events: batches, per-host task results, rollbacks, where it stopped; the recap."""
-    from fleetctl.playbook import journal as jr
+    from fleetctl.runs import journal as jr
 
     path = jr.find_run(jr.runs_dir(app.inventory.folder), run_id)
     events = jr.read_events(path)

@@ -38,7 +38,7 @@ def operator_for(playbook: Playbook, step: bool, write: Callable[[str], None],
 
 def _answer(app: AppContext, run_id: str, decision: Literal["promote", "abort"]) -> int:
     from fleetctl.playbook.approval import request
-    from fleetctl.playbook.journal import runs_dir
+    from fleetctl.runs.journal import runs_dir
 
     said = request(runs_dir(app.inventory.folder), run_id, decision)
     if app.json:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fleetctl import hostpaths
-from fleetctl.errors import HostError, InputError, RemoteOperationError
-from fleetctl.models.spec import ModelRef, folder_ref
+from fleetctl.errors import HostError, RemoteOperationError
+from fleetctl.models.spec import ModelRef
 from fleetctl.transport.base import HostSession
 
 MODULE = "model_host"
@@ -68,23 +67,6 @@ class ModelState:
         return out
 
 
-def targets(arg: str) -> tuple[list[ModelRef], str]:
-    """The models named by a release spec (a YAML file here) or a model folder on the hosts (an absolute
-    path that is not a file here). Returns them and the spec's release id ("" for a folder)."""
-    path = Path(arg)
-    if path.suffix in (".yml", ".yaml") or path.is_file():
-        from fleetctl.release.spec import load_spec
-
-        spec = load_spec(path)
-        if not spec.models:
-            raise InputError(f"{path}: the release spec names no models (add a models: block)")
-        return spec.models, spec.release_id
-    try:
-        return [folder_ref(arg)], ""
-    except ValueError as exc:
-        raise InputError(f"{exc} (or give a release spec file)") from None
-
-
 def read_answer(ref: ModelRef, answer: dict[str, Any]) -> ModelState:
     problems = tuple(Problem(str(p["file"]), str(p["kind"]), str(p["what"])) for p in answer.get("problems") or [])
     return ModelState(ref.role, ref.layout, str(answer.get("path") or ref.path), str(answer["state"]),
@@ -128,10 +110,14 @@ def remove_on_host(session: HostSession, refs: list[ModelRef]) -> list[dict[str,
 
 
 def _root(session: HostSession) -> str:
-    """fleetctl_root as the releases see it (a template over host vars rendered)."""
-    from fleetctl.release.service import layout_for
+    """fleetctl_root as the releases see it (a template over host vars rendered, as release.service does)."""
+    from fleetctl import templating
 
-    return layout_for(session.vars).root
+    try:
+        value = templating.LazyVars(session.vars).get(hostpaths.ROOT_VAR)
+    except templating.TemplateProblem as exc:
+        raise HostError(session.name, f"host variables: {exc}") from None
+    return hostpaths.root({hostpaths.ROOT_VAR: value})
 
 
 def refusal(states: list[ModelState]) -> str | None:

@@ -153,8 +153,8 @@ def clear(journal: Path) -> None:
 
 def request(folder: Path, run_id: str, decision: Literal["promote", "abort"], wait: float = 15.0) -> str:
     """``fleetctl runs promote|abort RUN_ID``: leave the decision for the run; what happened, in words."""
-    from fleetctl.playbook.journal import find_run, read_events
     from fleetctl.release.hostlock import process_start, who
+    from fleetctl.runs.journal import find_run, read_events
 
     path = find_run(folder, run_id)
     run_id = path.stem

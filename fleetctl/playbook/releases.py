@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import HostError
-from fleetctl.playbook import journal as journal_mod
+from fleetctl.runs import journal as journal_mod
 from fleetctl.transport.base import Status
 from fleetctl.transport.fleet import HostContext
 

@@ -29,10 +29,8 @@ from fleetctl.playbook import (
     handlers,
     outcome,
     releases,
-    rollout,
     tags,
 )
-from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.modules import RunServices, TaskResult
 from fleetctl.playbook.play_schema import Play, Playbook
@@ -40,6 +38,8 @@ from fleetctl.playbook.schema import Task
 from fleetctl.playbook.state import PlaybookStopped, Rollout, RunOptions
 from fleetctl.playbook.tasks import TaskRunner
 from fleetctl.release.ownership import RunClaims
+from fleetctl.runs import journal as journal_mod
+from fleetctl.runs import rollout
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext, RunSettings
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from fleetctl.playbook import journal as journal_mod
-from fleetctl.playbook import rollout
 from fleetctl.playbook.interact import Operator
 from fleetctl.playbook.play_schema import Play, Playbook
 from fleetctl.playbook.schema import Task
+from fleetctl.runs import journal as journal_mod
+from fleetctl.runs import rollout
 from fleetctl.vault import Vault
 
 if TYPE_CHECKING:

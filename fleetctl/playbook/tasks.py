@@ -13,13 +13,13 @@ from pydantic import ValidationError
 
 from fleetctl import templating, yamlfile
 from fleetctl.errors import InputError
-from fleetctl.playbook import journal as journal_mod
 from fleetctl.playbook import loops, outcome
 from fleetctl.playbook.delegation import Delegation
 from fleetctl.playbook.modules import ModuleContext, RunServices, TaskResult, asyncjobs
 from fleetctl.playbook.play_schema import Play, Playbook
 from fleetctl.playbook.schema import Task
 from fleetctl.playbook.state import RunOptions
+from fleetctl.runs import journal as journal_mod
 from fleetctl.templating import filters
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Commands run host by host in batches with a failure budget: ``deploy``/``rollback --serial`` and
 ``fleetctl service`` (without ``--serial`` every host is one batch, journaled the same way). One
 code path with playbooks: the batches and the budgets are
-``playbook/rollout.py``'s (``batches``, ``Budget``), so ``--serial 1 --serial 50%`` means exactly
+``runs/rollout.py``'s (``batches``, ``Budget``), so ``--serial 1 --serial 50%`` means exactly
 what ``serial: [1, "50%"]`` means in a play, and a grouping variable keeps a multi-node server's
 hosts in one batch. Every batch and host start and end is an event in a run journal under
 ``.fleetctl/runs/`` beside the inventory (``fleetctl runs list|show``). With ``claims`` the run owns
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetctl.errors import HostError
-from fleetctl.playbook import rollout
-from fleetctl.playbook.journal import Journal, runs_dir
 from fleetctl.release.ownership import RunClaims
+from fleetctl.runs import rollout
+from fleetctl.runs.journal import Journal, runs_dir
 from fleetctl.secrets import Redactor
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext

@@ -22,7 +22,7 @@ from fleetctl.release.spec import ReleaseSpec
 from fleetctl.transport.base import HostSession
 
 if TYPE_CHECKING:
-    from fleetctl.release.deploy import DeployResult
+    from fleetctl.release.deploy_result import DeployResult
 
 def diff(session: HostSession, layout: HostLayout, release_id: str, config: dict[str, Any]) -> dict[str, Any]:
     """The host's answer: ``changed`` (file names whose content differs) and ``pending`` (a

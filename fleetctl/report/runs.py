@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl.playbook import journal
+from fleetctl.runs import journal
 
 # What a run did to one host, the one kept first: a host that failed and was then rolled back is
 # "rolled back" (the run undid its change), one that failed and stayed so is "failed".
