@@ -58,7 +58,6 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     from fleetctl.playbook.plays import load_playbook
     from fleetctl.playbook.runner import Runner, RunOptions
     from fleetctl.runs import journal as jr
-    from fleetctl.secrets import Redactor, vault_values
 
     app.extra_vars.update(extra_vars)
     if events and app.json:
@@ -66,27 +65,11 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     playbook = load_playbook(playbook_path, app.vault)
     if start_at_task and not any(t.name == start_at_task for t in playbook.tasks()):
         raise InputError(f"{playbook_path}: --start-at-task {start_at_task!r}: no task has that name")
-    inventory = app.inventory
-    _warn_unread(app.extra_vars, playbook_path, inventory.sources)  # -e before or after the command
-    folder = jr.runs_dir(inventory.folder)
-    before = None
-    if resume:  # the run's own limit and -e, as journaled (a contradiction is refused)
-        from fleetctl.playbook.resumption import restored
-
-        before = jr.read_events(jr.find_run(folder, resume))
-        first = next((e for e in before if e.get("event") == "run_start"), {})
-        limit, variables = restored(resume, first, playbook_path, app.limit, app.extra_vars)
-        if (limit, variables) != (app.limit, app.extra_vars):
-            app.limit, app.extra_vars = limit, variables
-            inventory = app.reload_inventory()
-    # The inventory holds -e too (extra vars are merged into every host's vars).
-    redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
-    # !vault values in the playbook (play vars, task arguments) are secrets too.
-    in_playbook = vault_values([*(p.vars for p in playbook.plays), *(p.defaults for p in playbook.plays),
-                               *(t.args for t in playbook.tasks())])
-    redact = Redactor([*redact.values, *in_playbook])
-    if app.connect and app.connect.become_password:  # -K: never in the journal either
-        redact = Redactor([*redact.values, app.connect.become_password])
+    _warn_unread(app.extra_vars, playbook_path, app.inventory.sources)  # -e before or after the command
+    folder = jr.runs_dir(app.inventory.folder)
+    before = _resumed(app, folder, resume, playbook_path) if resume else None
+    inventory = app.inventory  # reloaded when the resumed run's own -l or -e differ
+    redact = _redactor(app, inventory, playbook)
     printer = Printer(app.json, show_diff, to_stderr=events)
     operator = operator_for(playbook, step, printer.ask, printer.hold)
     if resume and not check:
@@ -110,17 +93,48 @@ def run(app: AppContext, playbook_path: Path, extra_vars: dict[str, Any], check:
     finally:
         signal.signal(signal.SIGINT, previous)
         journal.close()
+    _report(app, printer, runner, journal, redact, playbook_path, code)
+    return code
+
+
+def _resumed(app: AppContext, folder: Path, resume: str, playbook_path: Path) -> list[dict[str, Any]]:
+    """The resumed run's events; its own limit and -e, as journaled, put back (a contradiction is refused)."""
+    from fleetctl.playbook.resumption import restored
+    from fleetctl.runs import journal as jr
+
+    before = jr.read_events(jr.find_run(folder, resume))
+    first = next((e for e in before if e.get("event") == "run_start"), {})
+    limit, variables = restored(resume, first, playbook_path, app.limit, app.extra_vars)
+    if (limit, variables) != (app.limit, app.extra_vars):
+        app.limit, app.extra_vars = limit, variables
+        app.reload_inventory()
+    return before
+
+
+def _redactor(app: AppContext, inventory: Any, playbook: Any) -> Any:
+    """Every secret the run may meet: the hosts' vault values (with -e: extra vars are merged into every
+    host's vars), !vault values in the playbook (play vars, defaults, task arguments), -K's password."""
+    from fleetctl.secrets import Redactor, vault_values
+
+    redact = Redactor.for_hosts(h.vars for h in inventory.hosts.values())
+    in_playbook = vault_values([*(p.vars for p in playbook.plays), *(p.defaults for p in playbook.plays),
+                               *(t.args for t in playbook.tasks())])
+    extra = [app.connect.become_password] if app.connect and app.connect.become_password else []
+    return Redactor([*redact.values, *in_playbook, *extra])
+
+
+def _report(app: AppContext, printer: Printer, runner: Any, journal: Any, redact: Any, playbook_path: Path,
+            code: int) -> None:
     if app.json:
         render.emit_json({"run_id": journal.run_id, "journal": str(journal.path), "status": runner.status,
                           "exit_code": code, "recap": {h: dict(c) for h, c in runner.recap.items()},
                           "results": runner.results})
-    else:
-        from fleetctl.playbook.resumption import command as resume_command
+        return
+    from fleetctl.playbook.resumption import command as resume_command
 
-        masked = [k for k, v in app.extra_vars.items() if redact({"v": v})["v"] != v]
-        printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
-                      resume=resume_command(list(inventory.sources), playbook_path, journal.run_id, masked))
-    return code
+    masked = [k for k, v in app.extra_vars.items() if redact({"v": v})["v"] != v]
+    printer.recap(runner.recap, runner.status, journal.run_id, journal.path,
+                  resume=resume_command(list(app.inventory.sources), playbook_path, journal.run_id, masked))
 
 
 def _warn_unread(given: dict[str, Any], playbook_path: Path, sources: Any) -> None:
