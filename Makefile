@@ -12,7 +12,13 @@ FULL_LOCK   := playbooks/files/locks/sglang-0.5.23-full.lock
 FULL_WHEELS ?= /var/cache/fleetctl-wheels/sglang-0.5.23
 export FLEETCTL_FULL_WHEELS := $(FULL_WHEELS)
 
-.PHONY: help deps sshd cc chromium wheels demo test lint typecheck pytest bench lab-down clean
+# The real SGLang Model Gateway (smg, the renamed sglang-router: a Rust binary wheel, no GPU) that the
+# gateway tests and the bench route through: a tool venv per machine, outside the checkout.
+SMG_VERSION := 1.13.0
+SMG_VENV    ?= /var/cache/fleetctl-tools/smg-$(SMG_VERSION)
+export FLEETCTL_SMG := $(SMG_VENV)/bin/smg
+
+.PHONY: help deps smg sshd cc chromium wheels demo test lint typecheck pytest bench lab-down clean
 
 help:
 	@echo "make demo   - start the lab fleet and run the main job on it"
@@ -26,7 +32,11 @@ $(STAMP):
 	$(BIN)/python -m compileall -q fleetctl $(VENV)/lib >/dev/null || true
 	rm -f $(VENV)/.installed-* && touch $@
 
-deps: $(STAMP) sshd cc
+deps: $(STAMP) sshd cc smg
+
+smg:
+	@test -x $(SMG_VENV)/bin/smg || { $(PY) -m venv $(SMG_VENV) \
+	  && $(SMG_VENV)/bin/python -m pip install -q --disable-pip-version-check smg==$(SMG_VERSION); }
 
 # The lab hosts are real OpenSSH servers (each with the sudo user fleetop); the tests drive them
 # with the real ssh client too.
