@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SGLANG = REPO / "fleetctl" / "lab" / "fake_sglang.py"
 # The Makefile's smg tool venv (outside the checkout, one per machine); FLEETCTL_SMG overrides.
+MODEL = "Qwen/Qwen3.6-35B-A3B"  # the stand-in's default --model-path
 SMG = Path(os.environ.get("FLEETCTL_SMG", "/var/cache/fleetctl-tools/smg-1.13.0/bin/smg"))
 
 
@@ -97,11 +98,12 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def stream_once(base: str, tokens: int, timeout: float = 120) -> tuple[int, str]:
-    """One streaming /v1/completions through ``base``: (tokens received, problem or '')."""
+def stream_once(base: str, tokens: int, timeout: float = 120, model: str = MODEL) -> tuple[int, str]:
+    """One streaming /v1/completions through ``base``: (tokens received, problem or ''). smg 1.13.0
+    routes by ``model`` (the workers' served model name; an unknown one is 404 model_not_found)."""
     host, _, port = base.removeprefix("http://").partition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": tokens, "stream": True})
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": tokens, "stream": True})
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         answer = conn.getresponse()

@@ -35,7 +35,7 @@ COMMANDS = {
     "kernels": "fleetctl.cli.kernels:kernels", "connections": "fleetctl.cli.connections:connections",
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
     "vault": "fleetctl.cli.vault:vault", "report": "fleetctl.cli.report:report", "logs": "fleetctl.cli.release:logs",
-    "service": "fleetctl.cli.service:service",
+    "service": "fleetctl.cli.service:service", "router": "fleetctl.cli.router:router",
 }
 
 

@@ -10,6 +10,7 @@ from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
+from fleetctl.cli.router import print_gateway_steps
 
 
 @click.group()
@@ -73,6 +74,7 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
                          str(server.get("pid") or "")])
     out = render.console()
     out.print(render.table(f"service {op}", ["host", "status", "server", "service", "health", "pid"], rows))
+    print_gateway_steps(results)
     render.print_failures(results)
     if halted:
         out.print(render.cell(f"halted: {halted}"))
