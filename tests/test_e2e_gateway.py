@@ -3,7 +3,8 @@ to load (/health 503), streams one token every 20 ms and serves SGLang's /metric
 streaming load through the gateway, deploy --serial 1 A->B and B->A and service restart --serial 2
 lose no request and cut no stream; a stream in flight when its host's drain begins completes in
 full; a server that fails its gate stays out of the gateway and router status says so; an
-unreachable gateway refuses the host before its server is touched; --check shows the steps."""
+unreachable gateway refuses the host before its server is touched; --check shows the steps; rollback
+and the playbook release/service modules take the same steps."""
 
 from __future__ import annotations
 
@@ -182,4 +183,36 @@ def test_check_shows_the_gateway_steps(lab_gw: dict[str, Any]) -> None:
     mine = f"http://{lab.addresses['lab2']}:30000"
     assert f"lab2: gateway: would take out of {url}: {mine} (registered), then wait for 0 requests in flight" in r.out
     assert f"lab2: gateway: would add back to {url}: {mine} once its gates pass" in r.out
+    assert healthy_workers(url) == expected_workers(lab)
+
+
+def play(lab_gw: dict[str, Any], name: str, tasks: list[dict[str, Any]], *extra: str) -> CliRun:
+    book = lab_gw["folder"] / f"{name}.yml"
+    book.write_text(yaml.safe_dump([{"name": name, "hosts": "lab4", "tasks": tasks}], sort_keys=False))
+    return fleet_cli(lab_gw, "all", "run", str(book), "--json", *extra)
+
+
+def test_rollback_and_the_playbook_modules_go_through_the_gateway(lab_gw: dict[str, Any]) -> None:
+    lab, url = lab_gw["lab"], lab_gw["url"]
+    mine = f"http://{lab.addresses['lab4']}:30000"
+    steps = [f"gateway: out of {url}", "gateway: drained", f"gateway: back in {url}"]
+    plan = play(lab_gw, "deploy-check", [{"name": "deploy", "release": str(lab_gw["B"])}], "--check")
+    assert plan.rc == 0, plan.out + plan.err
+    assert f"gateway: would take out of {url}: {mine} (registered)" in plan.json()["results"]["lab4"][0]["msg"]
+    deployed = play(lab_gw, "deploy", [{"name": "deploy", "release": str(lab_gw["B"])}])
+    assert deployed.rc == 0, deployed.out + deployed.err
+    assert [g["name"] for g in deployed.json()["results"]["lab4"][0]["data"]["gates"] if "gateway" in g["name"]] \
+        == steps
+    assert current(lab, "lab4") == load_spec(lab_gw["B"]).release_id
+    assert healthy_workers(url) == expected_workers(lab)
+
+    back = fleet_cli(lab_gw, "lab4", "rollback", "--json")
+    assert back.rc == 0, back.out + back.err
+    assert [g["name"] for g in back.json()["hosts"]["lab4"]["value"]["gates"] if "gateway" in g["name"]] == steps
+    assert current(lab, "lab4") == load_spec(lab_gw["A"]).release_id
+    assert healthy_workers(url) == expected_workers(lab)
+
+    restarted = play(lab_gw, "restart", [{"name": "restart", "service": "restarted"}])
+    assert restarted.rc == 0, restarted.out + restarted.err
+    assert [g["name"] for g in restarted.json()["results"]["lab4"][0]["data"]["gateway"]] == steps
     assert healthy_workers(url) == expected_workers(lab)

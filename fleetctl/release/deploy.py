@@ -125,7 +125,8 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             result.diffs = reconfig.shown(planned, result.plan, result.changed)
             result.launch = launch_args_fit(session, spec, layout, base["venv_path"],
                                             patched_overlay(base["site"], files))
-            result.gates = gateway.deploy_plan(session, spec, layout) if result.plan != "unchanged" else []
+            switches = result.plan != "unchanged" and not stage_only
+            result.gates = gateway.deploy_plan(session, spec, layout) if switches else []
             return result
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
