@@ -68,3 +68,29 @@ def test_router_url_is_a_url_or_a_list_of_urls() -> None:
         gateways_of("h", {"router_url": 3})
     assert worker_url("h", {"ansible_host": "10.0.0.5"}, 30001) == "http://10.0.0.5:30001"
     assert worker_url("h", {"ansible_host": "a", "router_worker_host": "b"}, 1) == "http://b:1"
+
+
+def test_router_status_lists_each_gateways_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A host of this machine (local connection, no release on it) behind a real gateway with one
+    stand-in worker that no inventory host serves: listed, healthy; no router_url is a usage error."""
+    from cli_support import run_cli
+
+    plain = tmp_path / "plain.yml"
+    plain.write_text("all:\n  hosts:\n    ctl: {ansible_connection: local}\n")
+    r = run_cli(capsys, "-i", str(plain), "router", "status")
+    assert (r.rc, r.err.strip()) == (3, "fleetctl: error: no gateway: set router_url (a URL or a list) for the "
+                                         "hosts behind one")
+    with processes() as procs:
+        worker, _ = start_stand_in(procs)
+        url = start_gateway(procs, tmp_path / "smg.log")
+        Gateway(url).add(worker)
+        until(lambda: any(w.healthy for w in Gateway(url).workers()), "healthy")
+        inv = tmp_path / "inv.yml"
+        inv.write_text(f"all:\n  vars: {{router_url: '{url}'}}\n  hosts:\n    ctl: {{ansible_connection: local}}\n")
+        shown = run_cli(capsys, "-i", str(inv), "router", "status", "--json")
+        assert shown.rc == 0, shown.out + shown.err
+        (gateway,) = shown.json()["gateways"]
+        assert [(w["url"], w["status"], w["healthy"], w["why"]) for w in gateway["workers"]] == [
+            (worker, "ready", True, "no selected inventory host serves this URL")]
+        table = run_cli(capsys, "-i", str(inv), "router", "status")
+        assert url in table.out and worker in table.out and "ready" in table.out
