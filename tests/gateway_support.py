@@ -98,12 +98,13 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def stream_once(base: str, tokens: int, timeout: float = 120, model: str = MODEL) -> tuple[int, str]:
+def stream_once(base: str, tokens: int, timeout: float = 120, model: str = MODEL,
+                prompt: str = "hi") -> tuple[int, str]:
     """One streaming /v1/completions through ``base``: (tokens received, problem or ''). smg 1.13.0
     routes by ``model`` (the workers' served model name; an unknown one is 404 model_not_found)."""
     host, _, port = base.removeprefix("http://").partition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": tokens, "stream": True})
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": tokens, "stream": True})
     cut = ""
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})

@@ -8,6 +8,7 @@ and the playbook release/service modules take the same steps."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -29,11 +30,13 @@ pytestmark = pytest.mark.lab
 HOSTS = ["lab1", "lab2", "lab3", "lab4"]
 GW_LAB_DIR = worker_lab_dir("test-lab-gateway")
 GW_LAB_BASE = f"127.{_NET}.86.0"
+HOLD = "/var/lib/fleetctl/hold-stream"  # a stream whose prompt is "hold" ends only once this exists
 
 
 def spec(folder: Path, version: str, *extra: str, health: str = "{timeout: 60, interval: 0.2}") -> Path:
     path = folder / f"gw-{version}.yml"
-    args = ["--enable-metrics", "--standin-start-delay", "5", "--standin-decode-tps", "50", *extra]
+    args = ["--enable-metrics", "--standin-start-delay", "5", "--standin-decode-tps", "50",
+            "--standin-hold-file", HOLD, *extra]
     path.write_text(yaml.safe_dump({
         "name": "gw", "version": version, "base": {"adopt": "/root/ml-env"}, "requires": {"sglang": "==0.5.23"},
         "service": {"standin": True, "args": args, "port": 30000}, "keep_releases": 4}, sort_keys=False)
@@ -111,36 +114,48 @@ def test_rollouts_under_streaming_load_lose_nothing(lab_gw: dict[str, Any]) -> N
 
 
 def test_a_stream_in_flight_when_its_drain_begins_completes(lab_gw: dict[str, Any]) -> None:
-    """A long stream goes where the gateway sends it; that host restarts meanwhile: its drain waits
-    for the stream, which gets every token, and the worker comes back."""
+    """A stream goes where the gateway sends it and holds its last token (the stand-in's hold file);
+    its host restarts meanwhile: once the drain has begun (the gateway stopped routing to the
+    worker) the stream is let go, gets every token, and only then does the server restart."""
     lab, url = lab_gw["lab"], lab_gw["url"]
+    for host in HOSTS:
+        lab.ssh(host, f"rm -f {HOLD}")
     got: list[tuple[int, str]] = []
-    streaming = threading.Thread(target=lambda: got.append(stream_once(url, 1000, timeout=300)))
+    streaming = threading.Thread(target=lambda: got.append(stream_once(url, 100, timeout=300, prompt="hold")))
     streaming.start()
-    host = busy_host(lab)
-    r = fleet_cli(lab_gw, host, "service", "restart", "--json")
+    host = busy_host(lab, streaming)
+    mine = f"http://{lab.addresses[host]}:30000"
+    restart = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab_gw["inv"]), "-l", host,
+                                "service", "restart", "--json"], stdout=subprocess.PIPE, text=True)
+    while any(w.url == mine and w.status != "draining" for w in Gateway(url).workers()):
+        assert restart.poll() is None, restart.communicate()
+    assert running(lab, host) == 1  # the drain waits for the stream
+    lab.ssh(host, f"touch {HOLD}")
+    out, _ = restart.communicate(timeout=600)
     streaming.join(timeout=300)
-    assert r.rc == 0, r.out + r.err
-    assert got == [(1000, "")]
-    gates = r.json()["hosts"][host]["value"]["gates"]
+    assert restart.returncode == 0, out
+    assert got == [(100, "")]
+    gates = json.loads(out)["hosts"][host]["value"]["gates"]
     drained = next(g for g in gates if g["name"] == "gateway: drained")
     assert "waited for 1 to finish" in drained["detail"]
     assert healthy_workers(url) == expected_workers(lab)
 
 
-def busy_host(lab: LabHandle) -> str:
-    """The host whose server runs the one stream in flight (its /metrics say so)."""
-    import time
+def running(lab: LabHandle, host: str) -> float:
     import urllib.request
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    text = urllib.request.urlopen(f"http://{lab.addresses[host]}:30000/metrics", timeout=5).read().decode()
+    return float(text.split(f'sglang:num_running_reqs{{model_name="{MODEL}"}} ', 1)[1].split()[0])
+
+
+def busy_host(lab: LabHandle, streaming: threading.Thread) -> str:
+    """The host whose server runs the one stream in flight (its /metrics say so); held, the stream
+    stays in flight until the test lets it go."""
+    while streaming.is_alive():
         for host in HOSTS:
-            text = urllib.request.urlopen(f"http://{lab.addresses[host]}:30000/metrics", timeout=5).read().decode()
-            if f'sglang:num_running_reqs{{model_name="{MODEL}"}} 1.0' in text:
+            if running(lab, host) == 1:
                 return host
-        time.sleep(0.05)
-    raise AssertionError("no server ever ran the stream")
+    raise AssertionError("the stream ended before any server ran it")
 
 
 def test_a_server_failing_its_gate_stays_out_and_router_status_says_so(lab_gw: dict[str, Any]) -> None:
@@ -158,7 +173,7 @@ def test_a_server_failing_its_gate_stays_out_and_router_status_says_so(lab_gw: d
     rows = {w["url"]: w for g in status.json()["gateways"] for w in g["workers"]}
     assert (rows[mine]["host"], rows[mine]["status"], rows[mine]["serving"]) == ("lab1", "out", False)
     assert rows[mine]["why"].startswith("not registered: left out by a change that failed")
-    assert [u for u, w in rows.items() if w["serving"]] == [u for u in expected_workers(lab) if u != mine]
+    assert sorted(u for u, w in rows.items() if w["serving"]) == [u for u in expected_workers(lab) if u != mine]
     back = fleet_cli(lab_gw, "lab1", "service", "restart")  # serving the previous release: back in
     assert back.rc == 0, back.out + back.err
     assert healthy_workers(url) == expected_workers(lab)

@@ -43,8 +43,9 @@ the args are parsed by it, so an unknown flag stops the stand-in exactly as it s
 imported) from the installed ``spec_info.py``, and /server_info says which check ran. The version
 is the installed sglang's. For tests, the launch args may also carry ``--standin-health-status
 503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S``,
-``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading) and
-``--standin-health-hang``.
+``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading),
+``--standin-health-hang`` and ``--standin-hold-file F`` (a stream of the prompt "hold" sends its last
+token only once F exists: a test holds a request in flight).
 """
 
 from __future__ import annotations  # annotations stay strings: Python 3.8 runs this file
@@ -173,6 +174,9 @@ def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], kin
         else:
             itl.append(now - last)
         last = now
+        if i == tokens - 1 and opts.hold_file and prompt == "hold":
+            while not os.path.exists(opts.hold_file):  # a test holds this stream in flight
+                time.sleep(0.05)
         if emit is not None:
             emit(i, {"completion_tokens": i})
     meta: dict[str, Any] = {"id": f"standin-{served.requests}", "finish_reason": {"type": "length", "length": tokens},
@@ -395,6 +399,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
     p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
     p.add_argument("--old-api", action="store_true", help="only /get_server_info and /get_model_info")
+    p.add_argument("--hold-file", default=None,
+                   help="test knob: a generation of the prompt 'hold' ends only once this file exists")
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--verbose", action="store_true", help="log requests on stderr")
@@ -467,7 +473,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
-    opts.bind_delay = args.standin_bind_delay
+    opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
@@ -483,6 +489,7 @@ def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> N
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
     p.add_argument("--standin-bind-delay", type=float, default=opts.bind_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
+    p.add_argument("--standin-hold-file", default=getattr(opts, "hold_file", None))
 
 
 def sglang_flags(launch: list[str], opts: argparse.Namespace) -> list[str]:
