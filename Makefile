@@ -12,7 +12,13 @@ FULL_LOCK   := playbooks/files/locks/sglang-0.5.23-full.lock
 FULL_WHEELS ?= /var/cache/fleetctl-wheels/sglang-0.5.23
 export FLEETCTL_FULL_WHEELS := $(FULL_WHEELS)
 
-.PHONY: help deps sshd cc chromium wheels demo test lint typecheck docs pytest bench lab-down clean
+# The real SGLang Model Gateway (smg, the renamed sglang-router: a Rust binary wheel, no GPU) that the
+# gateway tests and the bench route through: a tool venv per machine, outside the checkout.
+SMG_VERSION := 1.13.0
+SMG_VENV    ?= /var/cache/fleetctl-tools/smg-$(SMG_VERSION)
+export FLEETCTL_SMG := $(SMG_VENV)/bin/smg
+
+.PHONY: help deps smg sshd cc chromium wheels demo test lint typecheck docs pytest bench lab-down clean
 
 help:
 	@echo "make demo   - start the lab fleet and run the main job on it"
@@ -27,7 +33,11 @@ $(STAMP):
 	$(BIN)/python -m compileall -q fleetctl $(VENV)/lib >/dev/null || true
 	rm -f $(VENV)/.installed-* && touch $@
 
-deps: $(STAMP) sshd cc
+deps: $(STAMP) sshd cc smg
+
+smg:
+	@test -x $(SMG_VENV)/bin/smg || { $(PY) -m venv $(SMG_VENV) \
+	  && $(SMG_VENV)/bin/python -m pip install -q --disable-pip-version-check smg==$(SMG_VERSION); }
 
 # The lab hosts are real OpenSSH servers (each with the sudo user fleetop); the tests drive them
 # with the real ssh client too. tc and ip (iproute2): the lab's links (fleetctl/lab/links.py).
@@ -97,7 +107,7 @@ test: lint typecheck docs pytest
 # full_env.py: issue 16's figures on the full SGLang 0.5.23 environment (wheels from `make wheels`;
 # 3 venvs of 9.5 GB at its peak, all removed at the end). The narrower scripts (drift.py,
 # release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py bench/gateway.py
 bench: deps chromium wheels
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 

@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # module is kept.
 LONGEST_FIRST = (
     "test_e2e_full_env.py", "test_e2e_rollout_serving.py", "test_e2e_ansible_playbook.py", "test_e2e_playbook.py",
-    "test_e2e_release.py", "test_reliability_tarpit.py",
+    "test_e2e_release.py", "test_reliability_tarpit.py", "test_e2e_gateway.py",
     "test_reliability_release.py", "test_e2e_become.py", "test_e2e_nonroot.py", "test_e2e_kernels.py",
 )
 

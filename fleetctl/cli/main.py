@@ -36,6 +36,7 @@ COMMANDS = {
     "lab": "fleetctl.cli.lab:lab", "gpu": "fleetctl.cli.gpu:gpu",
     "vault": "fleetctl.cli.vault:vault", "report": "fleetctl.cli.report:report", "logs": "fleetctl.cli.release:logs",
     "service": "fleetctl.cli.service:service", "models": "fleetctl.cli.models:models",
+    "router": "fleetctl.cli.router:router",
 }
 
 

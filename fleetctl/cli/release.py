@@ -13,6 +13,7 @@ from fleetctl.cli import complete
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
+from fleetctl.cli.router import print_gateway_steps
 from fleetctl.transport.base import HostResult, Status
 
 break_lock_option = click.option(
@@ -136,6 +137,7 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
                     render.print_diff(out, text)
     print_broken_locks(results)
     print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
+    print_gateway_steps(results)
     render.print_failures(results)
     out.print(render.summary_line(results))
 
@@ -197,6 +199,7 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
         render.console().print(render.table(None, ["host", "status", "outcome", "from", "to"], rows))
         print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
         print_broken_locks(results)
+        print_gateway_steps(results)
         render.print_failures(results)
         print_halted(halted)
         render.console().print(render.summary_line(results))

@@ -10,6 +10,7 @@ from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.guard import approve, yes_option
 from fleetctl.cli.options import exit_code_for, host_options, rollout_options
+from fleetctl.cli.router import print_gateway_steps
 
 
 @click.group()
@@ -80,6 +81,7 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
     out.print(render.table(f"service {op}" + (" (check: nothing changed)" if check else ""),
                            ["host", "status", "server", "service", "health", "pid", *(["would"] if check else [])],
                            rows))
+    print_gateway_steps(results)
     render.print_failures(results)
     if halted:
         out.print(render.cell(f"halted: {halted}"))

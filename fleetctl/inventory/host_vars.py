@@ -77,6 +77,14 @@ HOST_VARS: tuple[HostVar, ...] = (
             "supervisor.", SERVICE),
     HostVar("dist_init_port", "integer", "20000", "Port of `dist_init_addr` for multi-node servers "
             "(`service.node_group`), read from the group's first host.", SERVICE),
+    HostVar("router_url", "URL or list of URLs", "unset", "The SGLang Model Gateway(s) in front of this host's "
+            "servers: every change takes its workers out first and adds them back once gated.", SERVICE),
+    HostVar("router_worker_host", "string", "`ansible_host`, else the inventory name", "The address the gateway "
+            "reaches this host's servers at (the worker URL `http://ADDRESS:PORT`).", SERVICE),
+    HostVar("router_drain_timeout", "seconds", "300", "How long a drain waits for 0 requests in flight before "
+            "the host fails (server untouched, worker out).", SERVICE),
+    HostVar("router_add_timeout", "seconds", "120", "How long a worker added back may take to be healthy in the "
+            "gateway.", SERVICE),
     HostVar("gpus_expected", "integer", "unset: not checked", "GPUs the host must have (`gpu_count` red "
             "otherwise).", GPU, ("gpus_per_host",)),
     HostVar("gpu_model", "regex", "unset: not checked", "Every GPU's name must match it (`H200`).", GPU),

@@ -4,19 +4,24 @@ The lab has no GPU, so tests, demos and (later) the release flow launch this as 
 lab hosts to exercise health gates and probes. It answers the endpoints fleetctl reads, in the
 shapes SGLang uses (see shared/DOMAIN.md):
 
-  GET /health          503 during --start-delay (the model loading), then --health-status (200 by
-                       default), empty body; with --health-hang it never answers
+  GET /health          503 during --start-delay (the model loading) and while draining, then
+                       --health-status (200 by default), empty body; with --health-hang it never answers
   GET /server_info     server args, "version", "internal_states": [{...}]; with speculative decoding
                        "avg_spec_accept_length" appears only once a generation has been served, as
                        SGLang's scheduler reports it only after a speculative decode step
   GET /model_info      model_path, tokenizer_path, is_generation, ...
   GET /v1/models       OpenAI-style model list
-  GET /metrics         Prometheus text, only with --enable-metrics (404 otherwise, as SGLang)
-  POST /generate       {"text", "sampling_params": {"max_new_tokens"}} -> {"text", "meta_info": {
+  GET /metrics         Prometheus text, only with --enable-metrics (404 otherwise, as SGLang): SGLang's
+                       names (in-flight gauges, token counters, TTFT/ITL histograms)
+  POST /generate       {"text", "sampling_params": {"max_new_tokens"}, "stream"} -> {"text", "meta_info": {
                        "completion_tokens", "e2e_latency", "spec_verify_ct", "spec_accept_length"}},
-                       taking max_new_tokens / --decode-tps seconds (SGLang's own meta_info names)
-  POST /v1/completions OpenAI-style completion with "usage", the same timing
+                       one token every 1 / --decode-tps seconds (SGLang's own meta_info names); with
+                       "stream": true, SSE: one ``data: {...}`` event per token, then ``data: [DONE]``
+  POST /v1/completions, /v1/chat/completions  OpenAI-style, "usage"; SSE chunks with "stream": true
   anything else        404 {"detail": "Not Found"}, as FastAPI does
+
+SIGTERM drains as SGLang does: /health answers 503, the requests in flight finish, then it exits 0
+(new generations meanwhile get 503, which the gateway retries on another worker).
 
 With --old-api the info endpoints are only under their older names, /get_server_info and
 /get_model_info (the new names 404), as in older SGLang releases.
@@ -38,8 +43,9 @@ the args are parsed by it, so an unknown flag stops the stand-in exactly as it s
 imported) from the installed ``spec_info.py``, and /server_info says which check ran. The version
 is the installed sglang's. For tests, the launch args may also carry ``--standin-health-status
 503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S``,
-``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading) and
-``--standin-health-hang``.
+``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading),
+``--standin-health-hang`` and ``--standin-hold-file F`` (a stream of the prompt "hold" sends its last
+token only once F exists: a test holds a request in flight).
 """
 
 from __future__ import annotations  # annotations stay strings: Python 3.8 runs this file
@@ -47,6 +53,7 @@ from __future__ import annotations  # annotations stay strings: Python 3.8 runs 
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -82,20 +89,45 @@ def server_args(opts: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# Histogram buckets: SGLang's defaults (sglang 0.5.23 srt/observability/metrics_collector.py,
+# TokenizerMetricsCollector: bucket_time_to_first_token, bucket_inter_token_latency).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2,
+               0.4, 0.6, 0.8, 1.0, 2.0, 4.0)
+
+
 class Served:
-    """What the server has generated so far: SGLang reports an acceptance length only after it."""
+    """What the server serves and has served: in flight (SGLang's num_running_reqs), tokens, latency
+    histograms, and whether it drains. SGLang reports an acceptance length only after a generation."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests = 0
         self.tokens = 0
         self.verify_steps = 0
+        self.running = 0
+        self.draining = False
+        self.prompt_tokens = 0
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
 
-    def add(self, tokens: int, steps: int) -> None:
+    def begin(self) -> bool:
+        """Admit one generation; False while draining (the caller answers 503)."""
         with self.lock:
+            if self.draining:
+                return False
+            self.running += 1
+            return True
+
+    def end(self, prompt: int, tokens: int, steps: int, ttft: float, itl: list[float]) -> None:
+        with self.lock:
+            self.running -= 1
             self.requests += 1
             self.tokens += tokens
+            self.prompt_tokens += prompt
             self.verify_steps += steps
+            self.ttft.append(ttft)
+            self.itl.extend(itl)
 
     def accept_length(self) -> float | None:
         with self.lock:
@@ -116,33 +148,82 @@ def server_info(opts: argparse.Namespace, served: Served) -> dict[str, Any]:
     return info
 
 
-def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], openai: bool) -> dict[str, Any]:
-    """One generation, shaped as SGLang answers it, taking as long as --decode-tps says."""
-    if openai:
-        tokens = int(body.get("max_tokens") or 16)
-        prompt = str(body.get("prompt") or "")
+def asked(body: dict[str, Any], kind: str) -> tuple[int, str]:
+    """(tokens to generate, prompt) of a request to /generate (``native``), /v1/completions or chat."""
+    if kind == "native":
+        tokens, prompt = (body.get("sampling_params") or {}).get("max_new_tokens"), body.get("text")
     else:
-        tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 16)
-        prompt = str(body.get("text") or "")
-    tokens = max(1, min(tokens, 4096))
-    start = time.monotonic()
-    time.sleep(tokens / opts.decode_tps)
-    latency = time.monotonic() - start
-    text = " ".join(["token"] * tokens)
+        tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        prompt = body.get("prompt") if kind == "completions" else " ".join(
+            str(m.get("content") or "") for m in body.get("messages") or [] if isinstance(m, dict))
+    return max(1, min(int(tokens or 16), 4096)), str(prompt or "")
+
+
+def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], kind: str,
+             emit: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One generation, one token every 1 / --decode-tps seconds; ``emit(i, meta)`` after each token
+    (streaming). Answers the final body, shaped as SGLang answers ``kind``."""
+    tokens, prompt = asked(body, kind)
+    start = last = time.monotonic()
+    ttft, itl = 0.0, []
+    for i in range(1, tokens + 1):
+        time.sleep(1.0 / opts.decode_tps)
+        now = time.monotonic()
+        if i == 1:
+            ttft = now - start
+        else:
+            itl.append(now - last)
+        last = now
+        if i == tokens - 1 and opts.hold_file and prompt == "hold":
+            while not os.path.exists(opts.hold_file):  # a test holds this stream in flight
+                time.sleep(0.05)
+        if emit is not None:
+            emit(i, {"completion_tokens": i})
     meta: dict[str, Any] = {"id": f"standin-{served.requests}", "finish_reason": {"type": "length", "length": tokens},
                             "prompt_tokens": max(1, len(prompt.split())), "completion_tokens": tokens,
-                            "cached_tokens": 0, "e2e_latency": round(latency, 4)}
+                            "cached_tokens": 0, "e2e_latency": round(last - start, 4)}
     steps = tokens
     if opts.spec_algorithm:
         steps = max(1, round(tokens / opts.accept_length))
         meta.update(spec_verify_ct=steps, spec_accept_length=round(tokens / steps, 4))
-    served.add(tokens, steps)
-    if not openai:
+    served.end(meta["prompt_tokens"], tokens, steps, ttft, itl)
+    return final_body(opts, kind, " ".join(["token"] * tokens), meta)
+
+
+def final_body(opts: argparse.Namespace, kind: str, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+    if kind == "native":
         return {"text": text, "meta_info": meta}
-    return {"id": meta["id"], "object": "text_completion", "created": int(time.time()), "model": opts.model_path,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": tokens,
-                      "total_tokens": meta["prompt_tokens"] + tokens}, "meta_info": meta}
+    tokens = meta["completion_tokens"]
+    usage = {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": tokens,
+             "total_tokens": meta["prompt_tokens"] + tokens}
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {"id": meta["id"], "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": opts.model_path, "choices": [choice], "usage": usage,
+            "meta_info": meta}
+
+
+def stream_chunk(opts: argparse.Namespace, kind: str, rid: str, i: int, final: dict[str, Any] | None) -> dict[str, Any]:
+    """One SSE event's JSON: native /generate sends the text so far with its meta_info (sglang 0.5.23
+    srt/entrypoints/http_server.py serve_generate_request: ``b"data: " + dumps_json(out) + b"\n\n"``);
+    the OpenAI routes send one token's delta per chunk, the last with finish_reason "length"
+    (srt/entrypoints/openai/protocol.py CompletionStreamResponse, ChatCompletionStreamResponse)."""
+    if kind == "native":
+        return {"text": " ".join(["token"] * i), "meta_info": final["meta_info"] if final else
+                {"id": rid, "finish_reason": None, "completion_tokens": i}, "index": 0}
+    piece = ("" if i == 1 else " ") + "token" if final is None else ""
+    reason = "length" if final is not None else None
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+    if kind == "chat":
+        choice["delta"] = {"role": "assistant", "content": piece} if i == 1 and final is None else {"content": piece}
+    else:
+        choice["text"] = piece
+    chunk = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+             "created": int(time.time()), "model": opts.model_path, "choices": [choice]}
+    return chunk
 
 
 def model_info(opts: argparse.Namespace) -> dict[str, Any]:
@@ -157,21 +238,46 @@ def models(opts: argparse.Namespace, started_at: float) -> dict[str, Any]:
 
 
 def metrics(opts: argparse.Namespace, served: Served) -> str:
-    label = f'{{model_name="{opts.model_path}"}}'
-    lines = [
-        "# HELP sglang:num_running_reqs The number of running requests.",
-        "# TYPE sglang:num_running_reqs gauge",
-        f"sglang:num_running_reqs{label} 0.0",
-        "# HELP sglang:gen_throughput The generation throughput (token/s).",
-        "# TYPE sglang:gen_throughput gauge",
-        f"sglang:gen_throughput{label} 0.0",
-    ]
+    """SGLang's Prometheus names and labels (sglang 0.5.23 srt/observability/metrics_collector.py:
+    SchedulerMetricsCollector's gauges, TokenizerMetricsCollector's counters and histograms)."""
+    label = f'model_name="{opts.model_path}"'
+    with served.lock:
+        running, requests, prompt, tokens = served.running, served.requests, served.prompt_tokens, served.tokens
+        ttft, itl = list(served.ttft), list(served.itl)
+    lines: list[str] = []
+
+    def family(name: str, kind: str, doc: str, samples: list[str]) -> None:
+        lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *samples])
+
+    family("sglang:num_running_reqs", "gauge", "The number of running requests.",
+           [f"sglang:num_running_reqs{{{label}}} {float(running)}"])
+    family("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+           [f"sglang:num_queue_reqs{{{label}}} 0.0"])
+    family("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+           [f"sglang:gen_throughput{{{label}}} 0.0"])
+    for name, doc, value in (("prompt_tokens", "Number of prefill tokens processed.", prompt),
+                             ("generation_tokens", "Number of generation tokens processed.", tokens),
+                             ("num_requests", "Number of requests processed.", requests)):
+        family(f"sglang:{name}_total", "counter", doc, [f"sglang:{name}_total{{{label}}} {float(value)}"])
+    lines += histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                       label, TTFT_BUCKETS, ttft)
+    lines += histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                       label, ITL_BUCKETS, itl)
     accept = served.accept_length()
     if opts.spec_algorithm and accept is not None:
-        lines += ["# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.",
-                  "# TYPE sglang:spec_accept_length gauge",
-                  f"sglang:spec_accept_length{label} {accept:.4f}"]
+        family("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+               [f"sglang:spec_accept_length{{{label}}} {accept:.4f}"])
     return "\n".join(lines) + "\n"
+
+
+def histogram(name: str, doc: str, label: str, buckets: tuple[float, ...], seen: list[float]) -> list[str]:
+    """Prometheus text of a histogram, cumulative buckets as prometheus_client writes them."""
+    out = [f"# HELP {name} {doc}", f"# TYPE {name} histogram"]
+    for le in buckets:
+        out.append(f'{name}_bucket{{{label},le="{float(le)}"}} {float(sum(1 for x in seen if x <= le))}')
+    out += [f'{name}_bucket{{{label},le="+Inf"}} {float(len(seen))}', f"{name}_sum{{{label}}} {sum(seen)}",
+            f"{name}_count{{{label}}} {float(len(seen))}"]
+    return out
 
 
 def routes(opts: argparse.Namespace, started_at: float, served: Served) -> dict[str, Route]:
@@ -188,9 +294,11 @@ def routes(opts: argparse.Namespace, started_at: float, served: Served) -> dict[
     return table
 
 
-def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
+GENERATION = {"/generate": "native", "/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+def make_handler(opts: argparse.Namespace, served: Served) -> type[BaseHTTPRequestHandler]:
     started_at = time.time()
-    served = Served()
     table = routes(opts, started_at, served)
 
     class Handler(BaseHTTPRequestHandler):
@@ -202,9 +310,10 @@ def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             if path == "/health" and opts.health_hang:
                 time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
                 return
-            if path == "/health":
+            if path == "/health":  # 503 while starting and while draining (http_server.py health_generate)
                 starting = time.time() - started_at < opts.start_delay
-                self.reply(503 if starting else opts.health_status, "text/plain; charset=utf-8", "")
+                status = 503 if starting or served.draining else opts.health_status
+                self.reply(status, "text/plain; charset=utf-8", "")
             elif path in table:
                 self.reply(*table[path]())
             else:
@@ -214,19 +323,51 @@ def make_handler(opts: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
-            if path not in ("/generate", "/v1/completions"):
+            if path not in GENERATION:
                 self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
-                return
-            if time.time() - started_at < opts.start_delay or opts.health_status != 200:
-                self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
                 return
             try:
                 body = json.loads(raw or b"{}")
-                answer = generate(opts, served, body if isinstance(body, dict) else {}, path == "/v1/completions")
+                body = body if isinstance(body, dict) else {}
+                asked(body, GENERATION[path])
             except (ValueError, TypeError) as exc:
                 self.reply(400, "application/json", json.dumps({"detail": str(exc)}))
                 return
-            self.reply(200, "application/json", json.dumps(answer))
+            ready = time.time() - started_at >= opts.start_delay and opts.health_status == 200
+            if not ready or not served.begin():
+                self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
+                return
+            if body.get("stream"):
+                self.stream(body, GENERATION[path])
+            else:
+                self.reply(200, "application/json", json.dumps(generate(opts, served, body, GENERATION[path])))
+
+        def stream(self, body: dict[str, Any], kind: str) -> None:
+            """SSE as SGLang's StreamingResponse sends it (media type text/event-stream, chunked)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            rid = f"standin-{id(body):x}"
+            final = generate(opts, served, body, kind,
+                             lambda i, _meta: self.event(stream_chunk(opts, kind, rid, i, None)))
+            if kind == "native":
+                self.event(stream_chunk(opts, kind, rid, final["meta_info"]["completion_tokens"], final))
+            else:
+                self.event(stream_chunk(opts, kind, rid, 0, final))
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self.event({"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                                "created": int(time.time()), "model": opts.model_path, "choices": [],
+                                "usage": final["usage"]})
+            self.chunk(b"data: [DONE]\n\n")
+            self.chunk(b"")
+
+        def event(self, doc: dict[str, Any]) -> None:
+            self.chunk(b"data: " + json.dumps(doc).encode("utf-8") + b"\n\n")
+
+        def chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
 
         def reply(self, status: int, content_type: str, body: str) -> None:
             data = body.encode("utf-8")
@@ -258,6 +399,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
     p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
     p.add_argument("--old-api", action="store_true", help="only /get_server_info and /get_model_info")
+    p.add_argument("--hold-file", default=None,
+                   help="test knob: a generation of the prompt 'hold' ends only once this file exists")
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--verbose", action="store_true", help="log requests on stderr")
@@ -266,17 +409,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def serve(opts: argparse.Namespace, ready: threading.Event | None = None) -> None:
-    """Serve until interrupted; ``ready`` (a threading.Event) is set once the port is bound."""
+    """Serve until interrupted or drained; ``ready`` (a threading.Event) is set once the port is bound."""
     if opts.bind_delay > 0:
         time.sleep(opts.bind_delay)
-    httpd = ThreadingHTTPServer((opts.host, opts.port), make_handler(opts))
+    served = Served()
+    httpd = ThreadingHTTPServer((opts.host, opts.port), make_handler(opts, served))
     httpd.daemon_threads = True
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: drain(httpd, served))
     if ready is not None:
         ready.set()
     try:
         httpd.serve_forever()
     finally:
         httpd.server_close()
+
+
+def drain(httpd: ThreadingHTTPServer, served: Served) -> None:
+    """SIGTERM: /health 503 and no new generation, then exit once nothing is in flight, as SGLang's
+    TokenizerManager.sigterm_watchdog (srt/managers/tokenizer_manager.py) waits for rid_to_state to
+    empty. SGLang itself still admits new requests while it drains; the stand-in answers them 503,
+    which a gateway retries elsewhere, so a drain always ends."""
+    served.draining = True
+
+    def wait_then_stop() -> None:
+        while served.running:
+            time.sleep(0.05)
+        httpd.shutdown()
+
+    threading.Thread(target=wait_then_stop, daemon=True).start()
 
 
 def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.Namespace:
@@ -312,7 +473,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
-    opts.bind_delay = args.standin_bind_delay
+    opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
@@ -328,6 +489,7 @@ def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> N
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
     p.add_argument("--standin-bind-delay", type=float, default=opts.bind_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
+    p.add_argument("--standin-hold-file", default=getattr(opts, "hold_file", None))
 
 
 def sglang_flags(launch: list[str], opts: argparse.Namespace) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 
 from fleetctl.errors import HostError, RemoteOperationError
+from fleetctl.gateway import hooks as gateway
 from fleetctl.release import identity, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
@@ -74,7 +75,8 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
                 # The host's configuration as of now, not as of staging (a token rotated since).
                 kernels = release_kernels(session, spec, base_venv_path(spec, layout))
                 reconfig.write(session, layout, staged.release_id, host_files(session, spec, layout, kernels))
-                return go_live(session, spec, layout, result, holder, state, claim)
+                return gateway.deploy(session, spec, layout, lambda: go_live(session, spec, layout, result, holder,
+                                                                             state, claim))
         result, base, files, kernels, who_ = build_half_plan(session, spec, loaded, layout, check, rebuild)
         result.broke_lock, result.models = broke, models
         rid = result.release_id
@@ -85,6 +87,8 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             result.diffs = reconfig.shown(planned, result.plan, result.changed)
             result.launch = launch_args_fit(session, spec, layout, base["venv_path"],
                                             patched_overlay(base["site"], files))
+            switches = result.plan != "unchanged" and not stage_only
+            result.gates = gateway.deploy_plan(session, spec, layout) if switches else []
             return result
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
@@ -97,13 +101,15 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
             return result
         if result.plan == "reconfigure":
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv")
-            return reconfig.reconfigure(session, spec, layout, result, config)
+            return gateway.deploy(session, spec, layout, lambda: reconfig.reconfigure(session, spec, layout, result,
+                                                                                       config))
         if result.plan == "deploy":
             result.build = build(session, spec, layout, base, files, kernels, rid, who_)
             result.launch = launch_args_fit(session, spec, layout, f"{layout.root}/releases/{rid}/venv",
                                             built=result.build)
+            return gateway.deploy(session, spec, layout, lambda: go_live(session, spec, layout, result, holder,
+                                                                         base["state"], claim))
         return go_live(session, spec, layout, result, holder, base["state"], claim)
-
 
 def models_fit(session: HostSession, spec: ReleaseSpec) -> list[dict[str, Any]]:
     """Every model the release needs is on the host and intact, before anything is written there: the

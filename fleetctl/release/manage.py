@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import HostError
+from fleetctl.gateway import hooks as gateway
 from fleetctl.release import instances, servers
 from fleetctl.release.deploy import ReleaseRefused
 from fleetctl.release.gates import GateResult
@@ -61,21 +62,29 @@ def rollback_host(session: HostSession, to: str | None, timeout: float, holder: 
         if target == current:
             return RollbackResult(session.name, "unchanged", target, target, broke_lock=broke)
         if check:
-            return RollbackResult(session.name, "planned", current, target, broke_lock=broke)
+            return RollbackResult(session.name, "planned", current, target, gateway.rollback_plan(session, layout),
+                                  broke_lock=broke)
         if claim is not None:
             claim.check(state, target)
-        before, names = instances.names_of(state.get("service")), servers.names_in(state, target)
-        # every instance of the target restarted, in order, in the one sequence of the switch
-        failed = servers.switch_over(session, layout, target, "rollback", holder,
-                                     [n for n in before if n not in names], names, kind="rollback")
-        if failed and current:  # not serving the target: back where it was, as deploy does
-            servers.switch_over(session, layout, current, f"restart failed for {target}", holder,
-                                [n for n in names if n not in before], before, kind="revert")
-            raise HostError(session.name, f"restart failed: {failed}; switched back to {current}")
-        if claim is not None:
-            claim.ours.add(target)  # the rollout put it there: its next switch may leave it
-        gates = servers.healthy_all(session, layout, names, timeout)
-        return RollbackResult(session.name, "rolled-back", current, target, gates, broke_lock=broke)
+        return gateway.rollback(session, layout, lambda: _switch_to(session, layout, holder, state, target, timeout,
+                                                                    broke, claim))
+
+
+def _switch_to(session: HostSession, layout: Any, holder: dict[str, Any], state: dict[str, Any], target: str,
+               timeout: float, broke: dict[str, Any] | None, claim: Claim | None) -> RollbackResult:
+    current = state.get("current")
+    before, names = instances.names_of(state.get("service")), servers.names_in(state, target)
+    # every instance of the target restarted, in order, in the one sequence of the switch
+    failed = servers.switch_over(session, layout, target, "rollback", holder,
+                                 [n for n in before if n not in names], names, kind="rollback")
+    if failed and current:  # not serving the target: back where it was, as deploy does
+        servers.switch_over(session, layout, current, f"restart failed for {target}", holder,
+                            [n for n in names if n not in before], before, kind="revert")
+        raise HostError(session.name, f"restart failed: {failed}; switched back to {current}")
+    if claim is not None:
+        claim.ours.add(target)  # the rollout put it there: its next switch may leave it
+    gates = servers.healthy_all(session, layout, names, timeout)
+    return RollbackResult(session.name, "rolled-back", current, target, gates, broke_lock=broke)
 
 
 @dataclass

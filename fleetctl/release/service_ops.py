@@ -7,10 +7,12 @@ failed deploy does. Changing ops hold the host's deploy lock (a deploy never rac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import HostError
+from fleetctl.gateway import hooks as gateway
 from fleetctl.release import instances, servers
 from fleetctl.release.gates import GateResult
 from fleetctl.release.hostlock import host_lock
@@ -61,18 +63,25 @@ def service_host(session: HostSession, op: str, instance: str | None, holder: di
         for name in chosen:
             if op == "start" and session.call("service_host", control(layout, "status", name)).get("running"):
                 continue  # already serving: a start changes nothing
-            if op == "stop":
-                servers.stop(session, layout, name)
-                continue
-            failed = servers.restart(session, layout, name) if op == "restart" else _start(session, layout, name)
-            if failed:
-                result.gates.append(GateResult(f"{instances.ServerInstance(name).label}: {op}", False, failed))
-                break
-            result.gates += servers.healthy_all(session, layout, [name], timeout)
-            if not result.gates[-1].ok:
+            # out of the gateways first, back in after its health gate (a stopped server stays out)
+            result.gates += gateway.service_op(session, layout, name, op,
+                                               functools.partial(_change, session, layout, name, op, timeout))
+            if not all(g.ok for g in result.gates):
                 break
     result.servers = [server_status(session, layout, n) for n in chosen]
     return result
+
+
+def _change(session: HostSession, layout: Any, name: str | None, op: str, timeout: float, one: Any) -> None:
+    """Stop, start or restart one server; a start or restart then waits for its /health."""
+    if op == "stop":
+        servers.stop(session, layout, name)
+        return
+    failed = servers.restart(session, layout, name) if op == "restart" else _start(session, layout, name)
+    if failed:
+        one.gates.append(GateResult(f"{instances.ServerInstance(name).label}: {op}", False, failed))
+        return
+    one.gates += servers.healthy_all(session, layout, [name], timeout)
 
 
 def _start(session: HostSession, layout: Any, name: str | None) -> str | None:

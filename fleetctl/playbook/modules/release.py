@@ -65,7 +65,8 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
         action = "stage" if staging else result.plan
         changed = result.previous != spec.release_id if staging else result.plan != "unchanged"
         diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
-        return TaskResult(changed=changed, msg=f"would {action} {spec.release_id}" if changed else "unchanged",
+        steps = "".join(f"; {g.name}: {g.detail}" for g in result.gates if g.name.startswith("gateway"))
+        return TaskResult(changed=changed, msg=f"would {action} {spec.release_id}{steps}" if changed else "unchanged",
                           diff=diff, data=data)
     if result.outcome == "unchanged":
         return TaskResult(msg=f"{spec.release_id} already current and running", data=data,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,20 +25,29 @@ def service(mc: ModuleContext, args: ServiceArgs) -> TaskResult:
     layout = layout_for(mc.session.vars)
     names = current_names(mc.session, layout) or [None]
     running = {n: bool(mc.session.call("service_host", control(layout, "status", n)).get("running")) for n in names}
-    data = {"running": all(running.values()), "manager": None}
+    data: dict[str, Any] = {"running": all(running.values()), "manager": None}
     wanted = {n: {"started": None if running[n] else "start", "stopped": "stop" if running[n] else None,
                   "restarted": "restart", "status": None}[args.state] for n in names}
     todo = [(n, op_) for n, op_ in wanted.items() if op_ is not None]
     if not todo:
         return TaskResult(msg="running" if data["running"] else "stopped", data=data)
     op = todo[0][1]
-    if mc.check:
-        return TaskResult(changed=True, msg=f"would {op}", data=data)
-    for name, each in todo:
-        answer = mc.session.call("service_host", control(layout, each, name))
-        running[name] = bool(answer.get("running"))
-        data["manager"] = answer.get("manager")
+    from fleetctl.gateway import hooks as gateway
+
+    if mc.check:  # with router_url: the gateway steps too
+        steps = gateway.service_plan(mc.session, layout, [n for n, _ in todo], op)
+        return TaskResult(changed=True, msg="; ".join([f"would {op}", *(f"{g.name}: {g.detail}" for g in steps)]),
+                          data=data)
+    steps = []
+    for name, each in todo:  # each server out of the gateways, changed, back in (router_url)
+        def change(one: gateway.OneServer, name: str | None = name, each: str = each) -> None:
+            answer = mc.session.call("service_host", control(layout, each, name))
+            running[name] = bool(answer.get("running"))
+            data["manager"] = answer.get("manager")
+
+        steps += gateway.service_op(mc.session, layout, name, each, change)
     data["running"] = all(running.values())
+    data["gateway"] = [g.to_dict() for g in steps]
     return TaskResult(changed=True, msg=f"{op}ed" if op != "stop" else "stopped", data=data)
 
 

@@ -1,0 +1,59 @@
+"""``fleetctl router status``: the gateways in front of the servers (``router_url`` in the inventory),
+and the gateway steps a deploy, rollback or service op took (or, in check mode, would take)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from fleetctl import render
+from fleetctl.cli.context import AppContext
+from fleetctl.cli.options import exit_code_for, host_options
+from fleetctl.transport.base import HostResult
+
+
+@click.group()
+def router() -> None:
+    """The SGLang Model Gateways (smg) named by the inventory variable router_url."""
+
+
+@router.command()
+@host_options
+@click.pass_obj
+def status(app: AppContext) -> int:
+    """Each gateway's workers: health, load, and which of the selected hosts' servers are out and why."""
+    from fleetctl.errors import ExitCode, InputError
+    from fleetctl.gateway.drain import gateways_of
+    from fleetctl.gateway.status import gateway_status, host_workers
+
+    hosts = app.selected_hosts()
+    gateways = sorted({g for h in hosts for g in gateways_of(h.name, h.vars)})
+    if not gateways:
+        raise InputError("no gateway: set router_url (a URL or a list) for the hosts behind one")
+    with app.fleet(read_only=True) as fleet:
+        found = fleet.map(host_workers)
+    listed = gateway_status(gateways, found)
+    if app.json:
+        render.emit_json({"gateways": [g.to_dict() for g in listed],
+                          **render.results_json(found, lambda r: r)})
+    else:
+        rows = [[g.url, w.url, w.host or "-", w.status, "yes" if w.healthy else "no", str(w.load), w.why]
+                for g in listed for w in g.workers]
+        rows += [[g.url, "-", "-", "unreachable", "-", "-", g.error] for g in listed if g.error]
+        render.console().print(render.table(None, ["gateway", "worker", "host", "status", "healthy", "load", "why"],
+                                            rows))
+        render.print_failures(found)
+    code = exit_code_for(found)
+    if any(g.error for g in listed):
+        return max(code, int(ExitCode.HOST_FAILED))
+    return max(code, 1) if any(not w.serving for g in listed for w in g.workers) else code
+
+
+def print_gateway_steps(results: dict[str, HostResult[Any]]) -> None:
+    """Each host's gateway steps (out, drained, back in; ``would ...`` in check mode), one line each."""
+    out = render.console()
+    for name, res in results.items():
+        for gate in getattr(res.value, "gates", None) or []:
+            if gate.name.startswith("gateway"):
+                out.print(render.cell(f"{name}: {gate.name}: {gate.detail}"))

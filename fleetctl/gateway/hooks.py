@@ -1,0 +1,101 @@
+"""Where deploy, rollback and service ops meet the gateway: which of a host's servers (ports) go out
+before a change and which come back after it. A host without ``router_url`` costs nothing here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.gateway.drain import R, gateways_of, planned, through_gateways
+from fleetctl.release import instances as insts
+from fleetctl.release.gates import GateResult
+from fleetctl.release.service import HostLayout, control, listen
+from fleetctl.release.spec import ReleaseSpec
+from fleetctl.transport.base import HostSession
+
+
+def configured(session: HostSession) -> bool:
+    return bool(gateways_of(session.name, session.vars))
+
+
+def port_of(session: HostSession, layout: HostLayout, name: str | None) -> int:
+    """The port a server of ``current`` listens on, as its release recorded it."""
+    stored = session.call("service_host", control(layout, "status", name))
+    return int(stored.get("port") or 30000)
+
+
+def current_ports(session: HostSession, layout: HostLayout) -> list[int]:
+    state = session.call("release_host", {"op": "state", **layout.params()})
+    return [port_of(session, layout, n) for n in insts.names_of(state.get("service"))]
+
+
+def spec_ports(spec: ReleaseSpec, layout: HostLayout) -> list[int]:
+    return [listen(spec, layout, inst)[1] for inst in insts.of_spec(spec)]
+
+
+def deploy(session: HostSession, spec: ReleaseSpec, layout: HostLayout, change: Callable[[], R]) -> R:
+    """A deploy's switch half: the servers running now and the release's own go out; the release's
+    servers come back once they pass their gates."""
+    if not configured(session):
+        return change()
+    out = sorted(set(current_ports(session, layout)) | set(spec_ports(spec, layout)))
+    return through_gateways(session, out, lambda: spec_ports(spec, layout), change)
+
+
+def deploy_plan(session: HostSession, spec: ReleaseSpec, layout: HostLayout) -> list[GateResult]:
+    if not configured(session):
+        return []
+    ours = spec_ports(spec, layout)
+    return planned(session, sorted(set(current_ports(session, layout)) | set(ours)), ours)
+
+
+def rollback(session: HostSession, layout: HostLayout, change: Callable[[], R]) -> R:
+    """A rollback: the servers running now go out; the target's come back (read after the switch)."""
+    if not configured(session):
+        return change()
+    return through_gateways(session, current_ports(session, layout), lambda: current_ports(session, layout), change)
+
+
+def rollback_plan(session: HostSession, layout: HostLayout) -> list[GateResult]:
+    if not configured(session):
+        return []
+    ports = current_ports(session, layout)
+    return planned(session, ports, ports)
+
+
+@dataclass
+class OneServer:
+    """One server's op (``service restart|stop|start``), as the gateway steps see it."""
+
+    gates: list[GateResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(g.ok for g in self.gates)
+
+
+def service_op(session: HostSession, layout: HostLayout, name: str | None, op: str,
+               change: Callable[[OneServer], Any]) -> list[GateResult]:
+    """One server stopped, started or restarted: out of the gateways first; back in after a start or
+    a restart that passed its health gate (a stopped server stays out). ``change`` fills the gates."""
+    if not configured(session):
+        one = OneServer()
+        change(one)
+        return one.gates
+    port = port_of(session, layout, name)
+
+    def run() -> OneServer:
+        one = OneServer()
+        change(one)
+        return one
+
+    done = through_gateways(session, [port], lambda: [] if op == "stop" else [port], run)
+    return done.gates
+
+
+def service_plan(session: HostSession, layout: HostLayout, names: list[str | None], op: str) -> list[GateResult]:
+    if not configured(session):
+        return []
+    ports = [port_of(session, layout, n) for n in names]
+    return planned(session, ports, [] if op == "stop" else ports)
