@@ -96,7 +96,7 @@ def staged(dest, rel, size):
     return size_of(os.path.join(staging_of(dest), safe_rel(rel))) == size
 
 
-def check(params):
+def check_dest(params):
     dest, files, manifest_name = params["dest"], params["files"], params["manifest_name"]
     for rel, _, _ in files:
         safe_rel(rel)
@@ -157,5 +157,5 @@ def main(params):
     if action == "manifest":
         return source_manifest(params["path"])
     if action == "check":
-        return check(params)
+        return check_dest(params)
     raise ValueError("unknown action %r" % action)
