@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl import hostpaths
 from fleetctl.errors import HostError
 from fleetctl.overlay.stream import DIRECT_KEY_VAR, stream_command
 from fleetctl.transport import become
@@ -154,7 +155,7 @@ def chain_entries(contexts: list[HostContext], first_from_controller: bool
         except HostError as exc:
             refused[ctx.name] = exc.reason
             continue
-        entries.append({"host": ctx.name, "argv": argv})
+        entries.append({"host": ctx.name, "argv": argv, "cache_dir": hostpaths.cache_dir(ctx.vars)})
     return entries, refused
 
 
@@ -164,7 +165,8 @@ def star_entries(contexts: list[HostContext]) -> tuple[list[list[dict[str, Any]]
     refused: dict[str, str] = {}
     for ctx in contexts:
         try:
-            branches.append([{"host": ctx.name, "argv": controller_argv(ctx)}])
+            argv = controller_argv(ctx)
+            branches.append([{"host": ctx.name, "argv": argv, "cache_dir": hostpaths.cache_dir(ctx.vars)}])
         except HostError as exc:
             refused[ctx.name] = exc.reason
     return branches, refused

