@@ -9,15 +9,17 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cli_support import CliRun, run_cli
 from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
-from model_support import make_folder_model
+from model_support import MadeModel, make_folder_model, make_hf_cache_model
 from test_e2e_models_sync import give_peer_ssh, held, host_path
 
 pytestmark = pytest.mark.lab
 TARGETS = ["lab2", "lab3"]
+HUB, REPO = "/srv/hub", "fleetctl-test/tiny-draft"
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,49 @@ def test_a_host_that_got_the_model_by_sync_is_the_next_source(lab3: LabHandle,
     r = cli(capsys, lab, "-l", "lab3", "models", "sync", path, "--from", "lab2", "--json")
     assert r.rc == 0, r.out[-3000:] + r.err
     assert held(lab, "lab3", path) == want
+
+
+def hf_spec(tmp_path: Path, made: MadeModel) -> Path:
+    spec = tmp_path / "hub.yml"
+    spec.write_text("name: hub-sync\nversion: '1'\nbase: {adopt: /root/ml-env}\nrequires: {sglang: '==0.5.23'}\n"
+                    f"models:\n  main: {{hf_cache: {HUB}, repo: {made.repo}, revision: {made.revision}}}\n"
+                    "service:\n  standin: true\n  args: [--model-path, '{{ models.main.path }}']\n")
+    return spec
+
+
+def blobs_of(made: MadeModel) -> set[str]:
+    return {os.path.basename(os.path.realpath(p)) for p in made.path.iterdir()}
+
+
+def test_a_hugging_face_cache_model_syncs_only_its_revision(lab3: LabHandle, capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path) -> None:
+    lab = lab3
+    for host in lab.hosts:
+        lab.ssh(host, f"rm -rf {HUB}")
+    cache = host_path(lab, "lab1", HUB)
+    pinned = make_hf_cache_model(cache, repo=REPO, seed="pinned")
+    newer = make_hf_cache_model(cache, repo=REPO, seed="newer")  # refs/main moves to it; not sent
+    assert blobs_of(newer) - blobs_of(pinned)
+    spec = hf_spec(tmp_path, pinned)
+    r = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    repo_dir = f"{HUB}/models--{REPO.replace('/', '--')}"
+    pinned_bytes = sum(p.stat().st_size for p in pinned.path.iterdir())
+    assert pinned_bytes <= r.json()["source_bytes_sent"] <= 1.01 * pinned_bytes
+    for host in TARGETS:
+        blobs = {p.name for p in host_path(lab, host, f"{repo_dir}/blobs").iterdir()}
+        assert blobs == blobs_of(pinned), host
+        snapshot = host_path(lab, host, f"{repo_dir}/snapshots/{pinned.revision}")
+        for entry in pinned.path.iterdir():
+            link = snapshot / entry.name
+            assert link.is_symlink() and os.readlink(link) == os.readlink(entry), (host, entry.name)
+            assert link.read_bytes() == entry.read_bytes()
+        assert sorted(p.name for p in host_path(lab, host, f"{repo_dir}/snapshots").iterdir()) == [pinned.revision]
+        assert host_path(lab, host, f"{repo_dir}/refs/main").read_text() == pinned.revision
+    check = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "verify", str(spec), "--json")
+    assert check.rc == 0, check.out[-3000:] + check.err
+    for host in TARGETS:
+        (state,) = check.json()["hosts"][host]["value"]
+        assert (state["state"], state["hashed_bytes"]) == ("ok", 0), state
+    again = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", "lab1", "--json")
+    assert again.rc == 0 and again.json()["source_bytes_sent"] == 0, again.out[-3000:]

@@ -16,7 +16,7 @@ import json
 import math
 import shlex
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import hostpaths
@@ -47,12 +47,15 @@ class SyncPlan:
     manifest_text: str
     limit_rate: float  # bytes per second per link, 0: none
     stall_s: float
+    layout: str = "folder"  # "hf_cache": files are blobs, dest a snapshot, links its [[path, blob]]
+    links: list[list[str]] = field(default_factory=list)
 
     def doc(self, role: str, host: str, branches: list[list[dict[str, Any]]], keys: dict[str, str],
             **extra: Any) -> dict[str, Any]:
         return {"role": role, "host": host, "files": self.files, "dest": self.dest,
                 "manifest_name": self.manifest_name, "manifest_text": self.manifest_text,
                 "limit_rate": self.limit_rate, "stall_s": self.stall_s, "branches": branches, "keys": keys,
+                "layout": self.layout, "links": self.links,
                 **extra}
 
 

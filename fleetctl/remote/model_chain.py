@@ -134,6 +134,7 @@ class Node(object):
         self.files = plan["files"]
         self.role = plan["role"]
         self.dest = plan.get("dest")
+        self.hf = plan.get("layout") == "hf_cache"
         self.own, self.landing, self.errors = set(), None, []
         self.store = None
         self.written, self.cur, self.last = 0, -1, 0.0
@@ -142,9 +143,12 @@ class Node(object):
         """A node checks its own disk first: refused (foreign folder, no room) before any byte."""
         if self.role != "node":
             return True
-        found = check_dest({"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"]})
+        params = {"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"],
+                  "links": self.plan.get("links")}
+        found = hf_check(params) if self.hf else check_dest(params)
         if found.get("foreign"):
-            self.out.event("refused", host=self.me, why="%s exists and is not this model revision" % self.dest)
+            self.out.event("refused", host=self.me, why=found.get("why") or (
+                "%s exists and is not this model revision" % self.dest))
             return False
         if not found["complete"] and found["free"] < found["room_needed"]:
             self.out.event("refused", host=self.me, why="no room: %d bytes free on %s's volume, %d needed" % (
@@ -159,15 +163,26 @@ class Node(object):
                 self.store = HashStore(self.plan["cache_dir"], os.path.realpath(self.dest))
         return True
 
-    def record(self, landing):
-        """The landed file's hash, as of its stat now (after its rename into staging), for dest/rel."""
+    def record(self, path, key, sha):
+        """A proved file's hash, as of its stat now, under the real path ``key`` verify will see."""
         if self.store is None:
             return
-        st = os.stat(landing.final)
-        self.store.files[os.path.join(self.store.base, landing.rel)] = [
-            st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, landing.sha, time.time()]
+        st = os.stat(path)
+        self.store.files[key] = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, sha, time.time()]
         self.store.changed = True
         self.store.save()  # per file: a killed sync keeps what it proved
+
+    def landed(self, landing):
+        """A folder's file keeps its inode and times when staging becomes dest: recorded now. A HF blob
+        is renamed into blobs/ at publish (a new ctime): recorded then (publish_model)."""
+        if not self.hf:
+            self.record(landing.final, os.path.join(self.store.base if self.store else "", landing.rel), landing.sha)
+
+    def publish_model(self):
+        if not self.hf:
+            return publish(self.dest, self.files, self.plan["manifest_name"], self.plan["manifest_text"])
+        return hf_publish(self.dest, self.files, self.plan["links"], self.plan["manifest_text"],
+                          lambda path, sha: self.record(path, os.path.realpath(path), sha))
 
     def local_path(self, i):
         rel = safe_rel(self.files[i][0])
@@ -175,7 +190,7 @@ class Node(object):
             return os.path.join(self.plan["src"], rel)
         if staged(self.dest, rel, self.files[i][1]):
             return os.path.join(staging_of(self.dest), rel)
-        return os.path.join(self.dest, rel)
+        return os.path.join(hf_dirs(self.dest)[1] if self.hf else self.dest, rel)
 
     def on_frame(self, kind, payload):
         if kind == FILE:
@@ -197,7 +212,7 @@ class Node(object):
             if why:
                 self.errors.append(why)
             else:
-                self.record(self.landing)
+                self.landed(self.landing)
             self.landing = None
 
     def errors_full(self):
@@ -216,7 +231,7 @@ class Node(object):
             self.landing.abandon()
         self.progress(force=True)
         try:
-            ok = publish(self.dest, self.files, self.plan["manifest_name"], self.plan["manifest_text"])
+            ok = self.publish_model()
         except (IOError, OSError) as exc:
             ok, self.errors = False, self.errors + ["publishing: %s" % exc]
         missing = [self.files[i][0] for i in sorted(self.own) if not staged(self.dest, self.files[i][0],

@@ -152,10 +152,116 @@ def fsync_dir(path):
         os.close(fd)
 
 
+# A Hugging Face cache snapshot (plan "layout": "hf_cache"): dest is <cache>/models--ORG--NAME/snapshots/<rev>;
+# the files sent are the revision's blobs (named by their etag: the rel of a file of the plan), landing in
+# the same staging folder; "links" maps each snapshot path to its blob. Publishing moves the blobs into
+# blobs/, writes the manifest in <repo>/.fleetctl/, then the snapshot folder of relative symlinks appears
+# in one rename; refs/main is written only where the target has none (a branch is never moved).
+def hf_dirs(dest):
+    """(repo folder, blobs folder, revision) of a snapshot path."""
+    snapshots, revision = os.path.split(os.path.normpath(dest))
+    repo_dir = os.path.dirname(snapshots)
+    return repo_dir, os.path.join(repo_dir, "blobs"), revision
+
+
+def hf_source_manifest(cache, repo, revision):
+    """The snapshot's manifest (the kept one while it still names the snapshot's files at their sizes,
+    else built from the blob names) and each file's blob name."""
+    snapshot = hf_snapshot(cache, repo, revision)
+    if not os.path.isdir(snapshot):
+        return {"error": "%s: no snapshot of revision %s in the cache" % (snapshot, revision)}
+    try:
+        doc = load(manifest_path("hf_cache", cache, repo, revision))
+        if sorted(f["path"] for f in doc["files"]) != model_files(snapshot) or not all(
+                size_of(os.path.join(snapshot, f["path"])) == f["size"] for f in doc["files"]):
+            doc = build_from_hf_cache(cache, repo, revision)
+    except ValueError:
+        try:
+            doc = build_from_hf_cache(cache, repo, revision)
+        except ValueError as exc:
+            return {"error": str(exc)}
+    blobs = dict((f["path"], os.path.basename(os.path.realpath(os.path.join(snapshot, f["path"]))))
+                 for f in doc["files"])
+    return {"manifest": doc, "blobs": blobs}
+
+
+def hf_linked(dest, rel, blob, size):
+    """The snapshot entry is a symlink into blobs/ to ``blob``, which is there at ``size``."""
+    path = os.path.join(dest, safe_rel(rel))
+    _, blobs, _ = hf_dirs(dest)
+    return (os.path.islink(path) and os.path.realpath(path) == os.path.join(os.path.realpath(blobs), blob)
+            and size_of(path) == size)
+
+
+def hf_check(params):
+    dest, files, links = params["dest"], params["files"], params["links"]
+    sizes = dict((blob, size) for blob, size, _ in files)
+    _, blobs, _ = hf_dirs(dest)
+    total = sum(sizes.values())
+    if os.path.lexists(dest):
+        bad = [rel for rel, blob in links if not hf_linked(dest, rel, blob, sizes[blob])]
+        if not bad:
+            return {"complete": True, "need": [], "need_bytes": 0, "total_bytes": total, "free": free_bytes(dest)}
+        return {"complete": False, "foreign": True, "total_bytes": total, "free": free_bytes(dest),
+                "why": "%s exists but %s is not linked to its blob; remove the snapshot and re-run" % (dest, bad[0])}
+    need = [i for i, (blob, size, _) in enumerate(files)
+            if not staged(dest, blob, size) and size_of(os.path.join(blobs, safe_rel(blob))) != size]
+    need_bytes = sum(files[i][1] for i in need)
+    return {"complete": False, "need": need, "need_bytes": need_bytes, "total_bytes": total,
+            "free": free_bytes(blobs), "room_needed": need_bytes + MARGIN}
+
+
+def hf_publish(dest, files, links, manifest_text, landed=None):
+    """Every blob staged or already in blobs/: blobs moved in, manifest, snapshot links, refs/main.
+    ``landed(path, sha256)`` is told of each blob moved in (its hash proved as it landed in staging)."""
+    if hf_check({"dest": dest, "files": files, "links": links}).get("complete"):
+        return True
+    repo_dir, blobs, revision = hf_dirs(dest)
+    staging = staging_of(dest)
+    for blob, size, _ in files:
+        if not staged(dest, blob, size) and size_of(os.path.join(blobs, blob)) != size:
+            return False
+    if not os.path.isdir(blobs):
+        os.makedirs(blobs)
+    for blob, size, sha in files:
+        if staged(dest, blob, size):
+            os.rename(os.path.join(staging, blob), os.path.join(blobs, blob))
+            if landed is not None:
+                landed(os.path.join(blobs, blob), sha)
+    tree = os.path.join(staging, ".fleetctl-snapshot")
+    shutil.rmtree(tree, ignore_errors=True)
+    for rel, blob in links:
+        final = os.path.join(dest, safe_rel(rel))
+        link = os.path.join(tree, safe_rel(rel))
+        if not os.path.isdir(os.path.dirname(link)):
+            os.makedirs(os.path.dirname(link))
+        os.symlink(os.path.relpath(os.path.join(blobs, blob), os.path.dirname(final)), link)
+    kept = os.path.join(repo_dir, HF_MANIFEST_DIR)  # manifest_path("hf_cache", ...), from the repo folder
+    if not os.path.isdir(kept):
+        os.makedirs(kept)
+    write_manifest(kept, "%s.manifest.json" % revision, manifest_text)
+    if not os.path.isdir(os.path.dirname(dest)):
+        os.makedirs(os.path.dirname(dest))
+    os.rename(tree, dest)
+    ref = os.path.join(repo_dir, "refs", "main")
+    if not os.path.exists(ref):
+        if not os.path.isdir(os.path.dirname(ref)):
+            os.makedirs(os.path.dirname(ref))
+        with open(ref, "w") as handle:
+            handle.write(revision)
+    shutil.rmtree(staging, ignore_errors=True)
+    fsync_dir(os.path.dirname(dest))
+    return True
+
+
 def main(params):
     action = (params or {}).get("action")
+    if action == "manifest" and params.get("layout") == "hf_cache":
+        return hf_source_manifest(params["cache"], params["repo"], params["revision"])
     if action == "manifest":
         return source_manifest(params["path"])
+    if action == "check" and params.get("layout") == "hf_cache":
+        return hf_check(params)
     if action == "check":
         return check_dest(params)
     raise ValueError("unknown action %r" % action)
