@@ -7,15 +7,21 @@ a second sync of the same path on one host refused while the first holds it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import CliRun, run_cli
 from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
+from lab_support import REPO as CHECKOUT
 from model_support import MadeModel, make_folder_model, make_hf_cache_model
-from test_e2e_models_sync import give_peer_ssh, held, host_path
+from test_e2e_models_sync import chain_nodes, give_peer_ssh, held, host_path
 
 pytestmark = pytest.mark.lab
 TARGETS = ["lab2", "lab3"]
@@ -129,3 +135,57 @@ def test_a_hugging_face_cache_model_syncs_only_its_revision(lab3: LabHandle, cap
         assert (state["state"], state["hashed_bytes"]) == ("ok", 0), state
     again = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", "lab1", "--json")
     assert again.rc == 0 and again.json()["source_bytes_sent"] == 0, again.out[-3000:]
+
+
+def lock_file(lab: LabHandle, host: str, path: str) -> Path:
+    return host_path(lab, host, f"{os.path.dirname(path)}/.{os.path.basename(path)}.fleetctl-partial.lock")
+
+
+def test_a_second_sync_of_a_path_is_refused_while_the_first_holds_it(lab3: LabHandle,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = lab3, "/srv/models/locked"
+    clean(lab, path)
+    want = folder_on_lab1(lab, path)
+    first = start_sync(lab, path, "lab2", "--limit-rate", "1M", "--stall-timeout", "600")
+    deadline = time.monotonic() + 300
+    while not lock_file(lab, "lab2", path).exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    frozen = chain_nodes(lab, "lab2")
+    assert frozen and first.poll() is None, first.communicate()
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # the first sync holds the path and cannot finish meanwhile
+    try:
+        second = cli(capsys, lab, "-l", "lab2", "models", "sync", path, "--from", "lab1", "--json")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert second.rc == 2, second.out[-3000:] + second.err
+    reason = second.json()["hosts"]["lab2"]["reason"]
+    assert f"{path} is being synced by " in reason and f"pid {first.pid} " in reason, reason
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:] + err
+    assert held(lab, "lab2", path) == want
+    assert not lock_file(lab, "lab2", path).exists()  # released when the sync ended
+
+
+def test_a_stale_lock_of_a_killed_sync_is_taken_over(lab3: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    lab, path = lab3, "/srv/models/stale"
+    clean(lab, path)
+    want = folder_on_lab1(lab, path)
+    gone = lab.ssh("lab2", "sh -c 'echo $$'").stdout.strip()  # a pid no longer running on lab2
+    lock = lock_file(lab, "lab2", path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"pid": int(gone), "pid_start": "1", "since": 0,
+                                "holder": {"user": "root", "controller": "elsewhere", "pid": 1, "sync": "old"}}))
+    r = cli(capsys, lab, "-l", "lab2", "models", "sync", path, "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert held(lab, "lab2", path) == want
+    assert not lock.exists()
+
+
+def start_sync(lab: LabHandle, path: str, host: str, *extra: str) -> subprocess.Popen[str]:
+    code = "import sys; from fleetctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "-i", str(lab.inventory_path), "-l", host, "models", "sync", path,
+            "--from", "lab1", "--json", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT)
+

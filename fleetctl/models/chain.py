@@ -49,13 +49,16 @@ class SyncPlan:
     stall_s: float
     layout: str = "folder"  # "hf_cache": files are blobs, dest a snapshot, links its [[path, blob]]
     links: list[list[str]] = field(default_factory=list)
+    holder: dict[str, Any] = field(default_factory=dict)  # who syncs (the lock's holder line), and the sync's token
+    stale_syncs: list[str] = field(default_factory=list)  # syncs whose controller died here: their locks taken
 
     def doc(self, role: str, host: str, branches: list[list[dict[str, Any]]], keys: dict[str, str],
             **extra: Any) -> dict[str, Any]:
         return {"role": role, "host": host, "files": self.files, "dest": self.dest,
                 "manifest_name": self.manifest_name, "manifest_text": self.manifest_text,
                 "limit_rate": self.limit_rate, "stall_s": self.stall_s, "branches": branches, "keys": keys,
-                "layout": self.layout, "links": self.links,
+                "layout": self.layout, "links": self.links, "holder": self.holder,
+                "stale_syncs": self.stale_syncs,
                 **extra}
 
 

@@ -129,14 +129,37 @@ def wire_files(manifest: dict[str, Any], blobs: dict[str, str]) -> tuple[list[li
     return sorted(sent.values()), [[f["path"], blobs[f["path"]]] for f in manifest["files"]]
 
 
-def check_targets(targets: Fleet, req: SyncRequest, files: list[list[Any]], links: list[list[str]]
-                  ) -> dict[str, HostResult[Any]]:
-    params = {"action": "check", "dest": req.path, "files": files, "manifest_name": MANIFEST_NAME,
-              "layout": req.layout, "links": links}
-    return targets.map(lambda ctx: ctx.call("model_files", params))
+def check_targets(targets: Fleet, req: SyncRequest, plan: chain.SyncPlan) -> dict[str, HostResult[Any]]:
+    """Each target's answer. A path locked by a sync whose controller was this machine and is dead (a
+    SIGKILLed run: its nodes can outlive it a moment) is stale: its token joins ``plan.stale_syncs`` and
+    the host is asked again, so this sync takes that lock over."""
+    params = {"action": "check", "dest": req.path, "files": plan.files, "manifest_name": MANIFEST_NAME,
+              "layout": req.layout, "links": plan.links}
+    from fleetctl.release.hostlock import holder_alive
+
+    found = targets.map(lambda ctx: ctx.call("model_files", params))
+    again = []
+    for name, res in found.items():
+        holder = lock_holder(res)
+        if holder.get("sync") and holder_alive(holder) is False:
+            plan.stale_syncs.append(holder["sync"])
+            again.append(name)
+    if again:
+        retry = {**params, "stale_syncs": plan.stale_syncs}
+        found.update(targets.map(lambda ctx: ctx.call("model_files", retry), names=again))
+    return found
+
+
+def lock_holder(res: HostResult[Any]) -> dict[str, Any]:
+    """The controller-side holder of the sync lock a host's check answer reports, else {}."""
+    lock = (res.value or {}).get("holder") if res.ok and isinstance(res.value, dict) else None
+    holder = lock.get("holder") if isinstance(lock, dict) else None
+    return holder if isinstance(holder, dict) else {}
 
 
 def refusal(host: str, found: Mapping[str, Any], path: str) -> str | None:
+    if found.get("locked"):
+        return f"{host}: {path} is {found['locked']}"
     if found.get("foreign") and found.get("why"):
         return f"{host}: {found['why']}"
     if found.get("foreign"):
@@ -159,7 +182,7 @@ class Sync:
         self.phases = {"manifest": time.monotonic() - started}
         self.files, self.links = wire_files(self.manifest, blobs)
         self.plan = chain.SyncPlan(self.files, req.path, MANIFEST_NAME, manifest_text(self.manifest),
-                                   req.limit_rate, req.stall_s, req.layout, self.links)
+                                   req.limit_rate, req.stall_s, req.layout, self.links, sync_holder(req))
         self.results: dict[str, HostResult[SyncOutcome]] = {}
         self.tally = Tally({}, on_change=on_change)
         self.via: dict[str, str] = {}
@@ -187,7 +210,7 @@ class Sync:
 
     def precheck(self) -> list[HostContext]:
         pending = []
-        for host, res in check_targets(self.targets, self.req, self.files, self.links).items():
+        for host, res in check_targets(self.targets, self.req, self.plan).items():
             if not res.ok:
                 self.results[host] = HostResult(host, res.status, reason=res.reason, details=res.details)
                 continue
@@ -297,6 +320,13 @@ class Sync:
         status = Status.UNREACHABLE if any("Connection refused" in c or "timed out" in c for c in t.cuts) \
             and not t.errors else Status.FAILED
         return HostResult(host, status, value, reason=f"incomplete, re-run to resume: {why}")
+
+
+def sync_holder(req: SyncRequest) -> dict[str, Any]:
+    """Who this sync is, as the lock on each target names it; its token lets its own later nodes take it."""
+    from fleetctl.release.hostlock import who
+
+    return {**who(f"models sync {req.path}"), "sync": secrets.token_hex(8)}
 
 
 def manifest_text(doc: dict[str, Any]) -> str:

@@ -136,13 +136,18 @@ class Node(object):
         self.dest = plan.get("dest")
         self.hf = plan.get("layout") == "hf_cache"
         self.own, self.landing, self.errors = set(), None, []
-        self.store = None
+        self.store, self.locked = None, False
         self.written, self.cur, self.last = 0, -1, 0.0
 
     def prepare(self):
         """A node checks its own disk first: refused (foreign folder, no room) before any byte."""
         if self.role != "node":
             return True
+        theirs = take_lock(self.dest, self.plan.get("holder") or {}, self.plan.get("stale_syncs") or ())
+        if theirs is not None:
+            self.out.event("refused", host=self.me, why="%s is %s" % (self.dest, holder_line(theirs)))
+            return False
+        self.locked = True
         params = {"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"],
                   "links": self.plan.get("links")}
         found = hf_check(params) if self.hf else check_dest(params)
@@ -241,8 +246,15 @@ class Node(object):
 
 
 def run(plan):
-    out = Out()
-    node = Node(plan, out)
+    node = Node(plan, Out())
+    try:
+        return run_node(plan, node, node.out)
+    finally:
+        if node.locked:
+            release_lock(node.dest)
+
+
+def run_node(plan, node, out):
     if not node.prepare():
         return 0
     stall = float(plan.get("stall_s") or 60)

@@ -13,9 +13,11 @@
 # name, hashed as it lands and renamed to its own name only when size and sha256 match; so a file
 # at its own name in staging is verified. When every file is there the manifest is written last and
 # the staging folder is renamed to dest in one step: a server never sees a partial model.
+import fcntl
 import json
 import os
 import shutil
+import time
 
 MARGIN = 16 << 20  # free space kept beyond the model's bytes (the manifest, metadata, a little air)
 
@@ -96,11 +98,98 @@ def staged(dest, rel, size):
     return size_of(os.path.join(staging_of(dest), safe_rel(rel))) == size
 
 
+# One sync of a path per host at a time: a lock file beside the staging folder, held by the sync's node
+# (its pid and start time on this host, the controller's holder line, the sync's token), removed when
+# it ends. A lock whose pid is no longer running (a killed sync) is stale and taken over; a live one
+# refuses the second sync, naming its holder; a node of the same sync (the relay round) takes it over.
+def lock_path(dest):
+    return staging_of(dest) + ".lock"
+
+
+def pid_start(pid):
+    """Start time (clock ticks since boot) of a live process on this host, None when it is not running."""
+    try:
+        with open("/proc/%d/stat" % int(pid), "r") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
+
+
+def live_lock(dest):
+    """The lock's document while the process holding it runs, else None (none, or stale)."""
+    try:
+        with open(lock_path(dest), "r", encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    if type(doc) is not dict or not doc.get("pid"):
+        return None
+    start = pid_start(doc["pid"])
+    return doc if start is not None and doc.get("pid_start") in (None, start) else None
+
+
+def holder_line(doc):
+    h = doc.get("holder") or {}
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(doc.get("since") or 0))
+    return "being synced by %s@%s pid %s (%s) since %s; its node is pid %s on this host" % (
+        h.get("user", "?"), h.get("controller", "?"), h.get("pid", "?"), h.get("command", "models sync"), when,
+        doc.get("pid"))
+
+
+def take_lock(dest, holder, stale=()):
+    """None when this process now holds dest's sync lock, else the live holder's document."""
+    path = lock_path(dest)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    body = json.dumps({"pid": os.getpid(), "pid_start": pid_start(os.getpid()), "holder": holder,
+                       "since": time.time()})
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(body)
+    guard = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # takers on this host one at a time: a stale lock is taken over once
+        theirs = live_lock(dest)
+        if theirs is not None and (theirs.get("holder") or {}).get("sync") not in [holder.get("sync"), *stale]:
+            return theirs
+        os.rename(tmp, path)  # none, stale, or an earlier node of this same sync: replaced whole
+        return None
+    finally:
+        os.close(guard)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def release_lock(dest):
+    try:
+        with open(lock_path(dest), "r", encoding="utf-8") as handle:
+            mine = json.load(handle).get("pid") == os.getpid()
+    except (IOError, OSError, ValueError, AttributeError):
+        return
+    if mine:
+        os.unlink(lock_path(dest))
+
+
+def locked(dest, total, stale=()):
+    """check's answer while another sync holds dest on this host. ``stale``: syncs whose controller
+    is known dead (a SIGKILLed controller: its nodes may live on a moment), whose lock is taken over."""
+    doc = live_lock(dest)
+    if doc is None or doc.get("pid") == os.getpid() or (doc.get("holder") or {}).get("sync") in stale:
+        return None
+    return {"complete": False, "locked": holder_line(doc), "holder": doc, "total_bytes": total,
+            "free": free_bytes(dest)}
+
+
 def check_dest(params):
     dest, files, manifest_name = params["dest"], params["files"], params["manifest_name"]
     for rel, _, _ in files:
         safe_rel(rel)
     total = sum(size for _, size, _ in files)
+    busy = locked(dest, total, params.get("stale_syncs") or ())
+    if busy is not None:
+        return busy
     if complete(dest, files, manifest_name):
         return {"complete": True, "need": [], "need_bytes": 0, "total_bytes": total, "free": free_bytes(dest)}
     if os.path.lexists(dest):
@@ -198,6 +287,9 @@ def hf_check(params):
     sizes = dict((blob, size) for blob, size, _ in files)
     _, blobs, _ = hf_dirs(dest)
     total = sum(sizes.values())
+    busy = locked(dest, total, params.get("stale_syncs") or ())
+    if busy is not None:
+        return busy
     if os.path.lexists(dest):
         bad = [rel for rel, blob in links if not hf_linked(dest, rel, blob, sizes[blob])]
         if not bad:
