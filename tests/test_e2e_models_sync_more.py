@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from cli_support import CliRun, run_cli
-from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
+from lab_support import _NET, LabHandle, lab_usable, private_lab, user_inventory, worker_lab_dir
 from lab_support import REPO as CHECKOUT
 from model_support import MadeModel, make_folder_model, make_hf_cache_model
 from test_e2e_models_sync import chain_nodes, give_peer_ssh, held, host_path
+
+from fleetctl.vault import encrypt as vault_encrypt
 
 pytestmark = pytest.mark.lab
 TARGETS = ["lab2", "lab3"]
@@ -189,3 +191,62 @@ def start_sync(lab: LabHandle, path: str, host: str, *extra: str) -> subprocess.
             "--from", "lab1", "--json", *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHECKOUT)
 
+
+FAKE_HF = """#!/usr/bin/env python3
+# A stand-in for huggingface_hub's `hf download REPO --revision REV --cache-dir CACHE`: no network; it
+# copies the repo from /root/hf-origin (made by the test) and notes the token and argv it was given.
+import os, shutil, sys
+args = sys.argv[1:]
+repo, rev, cache = args[1], args[args.index("--revision") + 1], args[args.index("--cache-dir") + 1]
+open("/root/hf-seen", "w").write(repr((os.environ.get("HF_TOKEN"), sys.argv)))
+folder = "models--" + repo.replace("/", "--")
+src = os.path.join("/root/hf-origin", folder)
+if not os.path.isdir(os.path.join(src, "snapshots", rev)):
+    sys.exit("404 Client Error: revision %s not found" % rev)
+shutil.copytree(src, os.path.join(cache, folder), symlinks=True, dirs_exist_ok=True)
+"""
+
+
+def vault_inventory(lab: LabHandle, tmp_path: Path, token: str, encrypted: bool) -> list[str]:
+    """A copy of the lab inventory with lab1's hf_token in host_vars/ (a !vault value or plain text)."""
+    inventory = user_inventory(lab, tmp_path / "inv.yml", user="root")
+    (tmp_path / "host_vars").mkdir(exist_ok=True)
+    (tmp_path / "pw").write_text("lab-vault-pw\n")
+    if encrypted:
+        body = vault_encrypt(token.encode(), b"lab-vault-pw").strip().replace("\n", "\n  ")
+        (tmp_path / "host_vars" / "lab1.yml").write_text(f"hf_token: !vault |\n  {body}\n")
+    else:
+        (tmp_path / "host_vars" / "lab1.yml").write_text(f"hf_token: {token}\n")
+    return ["-i", str(inventory), "--vault-password-file", str(tmp_path / "pw")]
+
+
+def test_hf_download_on_the_seed_host_then_the_fleet_from_it(lab3: LabHandle, capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    lab, secret = lab3, "hf_labSECRETtoken0123456789"
+    for host in lab.hosts:
+        lab.ssh(host, f"rm -rf {HUB} /root/hf-origin /root/hf-seen")
+    origin = make_hf_cache_model(host_path(lab, "lab1", "/root/hf-origin"), repo=REPO, seed="hub")
+    fake = host_path(lab, "lab1", "/root/.local/bin/hf")
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(FAKE_HF)
+    fake.chmod(0o755)
+    spec = hf_spec(tmp_path, origin)
+    plain = vault_inventory(lab, tmp_path, secret, encrypted=False)
+    r = run_cli(capsys, *plain, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", "lab1",
+                "--hf-download")
+    assert r.rc == 3 and "hf_token must be vault-encrypted" in r.err and secret not in r.out + r.err, r.err
+    args = vault_inventory(lab, tmp_path, secret, encrypted=True)
+    r = run_cli(capsys, *args, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", "lab1",
+                "--hf-download", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert "hf_download" in r.json()["phases"]
+    assert secret not in r.out + r.err
+    seen_token, seen_argv = eval(host_path(lab, "lab1", "/root/hf-seen").read_text())  # noqa: S307 - the test's own
+    assert seen_token == secret  # by environment
+    assert secret not in " ".join(seen_argv) and seen_argv[1:] == [
+        "download", REPO, "--revision", origin.revision, "--cache-dir", HUB]
+    for host in ["lab1", *TARGETS]:
+        snapshot = host_path(lab, host, f"{HUB}/models--{REPO.replace('/', '--')}/snapshots/{origin.revision}")
+        assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in origin.path.iterdir()), host
+        assert all(p.is_symlink() and p.read_bytes() == (origin.path / p.name).read_bytes()
+                   for p in snapshot.iterdir()), host

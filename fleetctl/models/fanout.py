@@ -46,6 +46,7 @@ class SyncRequest:
     layout: str = "folder"  # or "hf_cache": path is <cache>/models--ORG--NAME/snapshots/<revision>
     cache: str | None = None  # hf_cache: the cache on the hosts (and on a source host)
     repo: str | None = None  # hf_cache: ORG/NAME
+    hf_download: bool = False  # first `hf download` the revision on the source host (its hf_token from vault)
 
     def source_params(self) -> dict[str, Any]:
         if self.layout == "hf_cache":
@@ -333,6 +334,36 @@ def manifest_text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
+HF_DOWNLOAD_TIMEOUT = 24 * 3600.0
+HF_TOKEN_VAR = "hf_token"
+
+
+def hf_download(req: SyncRequest, source: HostContext) -> dict[str, Any]:
+    """``hf download`` of the pinned revision into the source host's cache. The host var hf_token must
+    be vault-encrypted; it reaches the host inside the agent's request and ``hf`` in its environment."""
+    from fleetctl.vault import VaultStr
+
+    token = source.vars.get(HF_TOKEN_VAR)
+    if token is not None and not isinstance(token, VaultStr):
+        raise InputError(f"{source.name}: host var {HF_TOKEN_VAR} must be vault-encrypted (!vault): it is a secret")
+    params = {"cache": req.cache, "repo": req.repo, "revision": req.revision, "token": token or None}
+    found: dict[str, Any] = source.call("model_hf", params, timeout=HF_DOWNLOAD_TIMEOUT)
+    if found.get("error"):
+        raise HostError(source.name, f"--hf-download {req.repo}@{req.revision}: {found['error']}")
+    return found
+
+
 def run_sync(req: SyncRequest, source: HostContext | None, targets: Fleet,
              on_change: Callable[[Tally], None] | None = None) -> SyncReport:
-    return Sync(req, source, targets, on_change).run()
+    took = 0.0
+    if req.hf_download:
+        if source is None or req.layout != "hf_cache":
+            raise InputError("--hf-download needs --from a host and a Hugging Face cache model (hf_cache)")
+        started = time.monotonic()
+        hf_download(req, source)
+        took = time.monotonic() - started
+    report = Sync(req, source, targets, on_change).run()
+    if req.hf_download:
+        report.phases["hf_download"] = round(took, 3)
+        report.seconds += took
+    return report
