@@ -250,3 +250,18 @@ def test_hf_download_on_the_seed_host_then_the_fleet_from_it(lab3: LabHandle, ca
         assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in origin.path.iterdir()), host
         assert all(p.is_symlink() and p.read_bytes() == (origin.path / p.name).read_bytes()
                    for p in snapshot.iterdir()), host
+
+
+def test_a_hugging_face_model_from_a_cache_on_the_controller(lab3: LabHandle, capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    lab = lab3
+    for host in TARGETS:
+        lab.ssh(host, f"rm -rf {HUB}")
+    made = make_hf_cache_model(tmp_path / "cache", repo=REPO, seed="local")
+    spec = hf_spec(tmp_path, made)
+    r = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", str(made.root), "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    for host in TARGETS:
+        snapshot = host_path(lab, host, f"{HUB}/models--{REPO.replace('/', '--')}/snapshots/{made.revision}")
+        assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == {
+            p.name: p.read_bytes() for p in made.path.iterdir()}, host
