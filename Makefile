@@ -107,7 +107,7 @@ test: lint typecheck docs pytest
 # full_env.py: issue 16's figures on the full SGLang 0.5.23 environment (wheels from `make wheels`;
 # 3 venvs of 9.5 GB at its peak, all removed at the end). The narrower scripts (drift.py,
 # release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py bench/gateway.py
+BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py bench/gateway.py bench/models_verify.py
 bench: deps chromium wheels
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 

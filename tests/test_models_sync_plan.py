@@ -40,3 +40,22 @@ def test_every_jump_host_is_named_outermost_first() -> None:
     inner = SSHTarget("10.0.0.1", 22, "ops", kh, 5.0, jump=outer)
     target = SSHTarget("10.0.0.2", 22, "root", kh, 5.0, jump=inner)
     assert jump_spec(target) == "ops@bastion.example:2222,ops@10.0.0.1:22"
+
+
+def test_a_hf_snapshot_sends_each_blob_once_and_links_every_path() -> None:
+    from fleetctl.models.fanout import wire_files
+
+    a, b = "a" * 64, "b" * 64
+    manifest = {"files": [{"path": "model.safetensors", "size": 9, "sha256": a},
+                          {"path": "copy/model.safetensors", "size": 9, "sha256": a},
+                          {"path": "config.json", "size": 3, "sha256": b}]}
+    blobs = {"model.safetensors": a, "copy/model.safetensors": a, "config.json": "c" * 40}
+    files, links = wire_files(manifest, blobs)
+    assert files == [[a, 9, a], ["c" * 40, 3, b]]
+    assert links == [["model.safetensors", a], ["copy/model.safetensors", a], ["config.json", "c" * 40]]
+    assert wire_files(manifest, {}) == ([[f["path"], f["size"], f["sha256"]] for f in manifest["files"]], [])
+
+
+def test_a_locked_path_is_refused_naming_the_holder() -> None:
+    line = "being synced by alice@ctl pid 42 (models sync /srv/m) since 10:00:00 UTC; its node is pid 7 on this host"
+    assert refusal("gpu4", {"complete": False, "locked": line}, "/srv/m") == f"gpu4: /srv/m is {line}"

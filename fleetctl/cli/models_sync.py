@@ -40,18 +40,26 @@ def parse_rate(text: str | None) -> float:
 @click.option("--limit-rate", "limit_rate", metavar="RATE", help="Cap every link at RATE (50M = 50 MB/s).")
 @click.option("--stall-timeout", "stall_s", type=click.FloatRange(1), default=60.0, show_default=True,
               metavar="SECONDS", help="A link that takes or sends nothing this long is cut from the chain.")
+@click.option("--hf-download", "hf_download", is_flag=True,
+              help="First `hf download` each Hugging Face model's pinned revision into the --from host's cache "
+                   "(its token: the host var hf_token, vault-encrypted), then fan it out from there.")
 @host_options
 @click.pass_obj
-def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stall_s: float) -> int:
-    """Put the model (TARGET: a model folder's absolute path on the hosts, or a release spec's models)
+def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stall_s: float,
+         hf_download: bool) -> int:
+    """Put the model (TARGET: a model folder's absolute path on the hosts, or a release spec's models: folders
+    or Hugging Face cache snapshots, each with only its revision's blobs)
     on every selected host: the source sends each byte once, the hosts pass it on to each other in a
     pipelined chain; each file is hashed as it lands, the model appears only when complete, a re-run
     sends only what is missing. Exit 2 when some host did not get it."""
     from fleetctl.models import fanout
     from fleetctl.transport.fleet import Fleet
 
-    paths = model_paths(target)
+    refs, _ = model_targets(target)
     on_host = source in app.inventory.hosts
+    if hf_download and (not on_host or any(r.layout != "hf_cache" for r in refs)):
+        raise InputError("--hf-download needs --from a host in the inventory and only Hugging Face cache models "
+                         "(hf_cache) in TARGET")
     if not on_host and not (os.path.isabs(source) and os.path.isdir(source)):
         raise InputError(f"--from {source}: neither a host in {app.inventory.path} nor a folder on this machine")
     targets = [h for h in app.selected_hosts() if h.name != source]
@@ -62,9 +70,9 @@ def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stal
     settings = app.run_settings(persist=0.0, workers=1)  # a change: connections of its own, in this process
     sources = [app.inventory.hosts[source]] if on_host else []
     with Fleet(app.inventory, sources, settings) as src, Fleet(app.inventory, targets, settings) as fleet:
-        for path, revision in paths:
-            req = fanout.SyncRequest(path, source if on_host else None, None if on_host else source, rate, stall_s,
-                                     revision)
+        for ref in refs:
+            req = fanout.SyncRequest(ref.path, source if on_host else None, None if on_host else source, rate,
+                                     stall_s, ref.revision, ref.layout, ref.root, ref.repo, hf_download)
             display = Progress() if not app.json and render.console().is_terminal else None
             try:
                 reports.append(fanout.run_sync(req, src.contexts[source] if on_host else None, fleet,
@@ -79,16 +87,6 @@ def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stal
         for report in reports:
             print_report(report)
     return max(exit_code_for(r.results) for r in reports)
-
-
-def model_paths(target: str) -> list[tuple[str, str | None]]:
-    """The model folders TARGET names (a folder path, or a release spec's models) and the revision each pins."""
-
-    refs, _ = model_targets(target)
-    others = [r.label() for r in refs if r.layout != "folder"]
-    if others:
-        raise InputError(f"{target}: models sync takes model folders; not yet a HF cache: {', '.join(others)}")
-    return [(r.path, r.revision) for r in refs]
 
 
 class Progress:

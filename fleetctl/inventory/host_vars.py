@@ -103,6 +103,8 @@ HOST_VARS: tuple[HostVar, ...] = (
             OTHER),
     HostVar("direct_ssh_key", "path on the target", "the target's own keys", "Key the target uses to pull from "
             "the source in `venv overlay --direct`.", OTHER),
+    HostVar("hf_token", "string (vault-encrypted)", "unset", "Hugging Face token `models sync --hf-download` "
+            "gives `hf download` on this seed host, in its environment; a plain-text value is refused.", OTHER),
     HostVar("gpu_name", "string", "nvidia-smi's name", "GPU name for tuned kernel configs where nvidia-smi "
             "gives none.", OTHER),
     HostVar("triton_version", "string", "the venv's triton", "Triton version for tuned kernel configs where "

@@ -16,9 +16,10 @@ import json
 import math
 import shlex
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl import hostpaths
 from fleetctl.errors import HostError
 from fleetctl.overlay.stream import DIRECT_KEY_VAR, stream_command
 from fleetctl.transport import become
@@ -46,12 +47,18 @@ class SyncPlan:
     manifest_text: str
     limit_rate: float  # bytes per second per link, 0: none
     stall_s: float
+    layout: str = "folder"  # "hf_cache": files are blobs, dest a snapshot, links its [[path, blob]]
+    links: list[list[str]] = field(default_factory=list)
+    holder: dict[str, Any] = field(default_factory=dict)  # who syncs (the lock's holder line), and the sync's token
+    stale_syncs: list[str] = field(default_factory=list)  # syncs whose controller died here: their locks taken
 
     def doc(self, role: str, host: str, branches: list[list[dict[str, Any]]], keys: dict[str, str],
             **extra: Any) -> dict[str, Any]:
         return {"role": role, "host": host, "files": self.files, "dest": self.dest,
                 "manifest_name": self.manifest_name, "manifest_text": self.manifest_text,
                 "limit_rate": self.limit_rate, "stall_s": self.stall_s, "branches": branches, "keys": keys,
+                "layout": self.layout, "links": self.links, "holder": self.holder,
+                "stale_syncs": self.stale_syncs,
                 **extra}
 
 
@@ -154,7 +161,7 @@ def chain_entries(contexts: list[HostContext], first_from_controller: bool
         except HostError as exc:
             refused[ctx.name] = exc.reason
             continue
-        entries.append({"host": ctx.name, "argv": argv})
+        entries.append({"host": ctx.name, "argv": argv, "cache_dir": hostpaths.cache_dir(ctx.vars)})
     return entries, refused
 
 
@@ -164,7 +171,8 @@ def star_entries(contexts: list[HostContext]) -> tuple[list[list[dict[str, Any]]
     refused: dict[str, str] = {}
     for ctx in contexts:
         try:
-            branches.append([{"host": ctx.name, "argv": controller_argv(ctx)}])
+            argv = controller_argv(ctx)
+            branches.append([{"host": ctx.name, "argv": argv, "cache_dir": hostpaths.cache_dir(ctx.vars)}])
         except HostError as exc:
             refused[ctx.name] = exc.reason
     return branches, refused

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,23 @@ class SyncRequest:
     limit_rate: float = 0.0  # bytes/s per link, 0: no cap
     stall_s: float = chain.DEFAULT_STALL_S
     revision: str | None = None  # the revision a release spec pins: the source must hold that one
+    layout: str = "folder"  # or "hf_cache": path is <cache>/models--ORG--NAME/snapshots/<revision>
+    cache: str | None = None  # hf_cache: the cache on the hosts (and on a source host)
+    repo: str | None = None  # hf_cache: ORG/NAME
+    hf_download: bool = False  # first `hf download` the revision on the source host (its hf_token from vault)
+
+    def source_params(self) -> dict[str, Any]:
+        if self.layout == "hf_cache":
+            return {"action": "manifest", "layout": "hf_cache", "cache": self.cache, "repo": self.repo,
+                    "revision": self.revision}
+        return {"action": "manifest", "path": self.path}
+
+    def source_root(self, local: bool) -> str:
+        """Where the source's node reads the files the chain sends: the folder, or the cache's blobs/."""
+        if self.layout == "hf_cache":
+            cache = (self.source_dir if local else self.cache) or ""
+            return posixpath.join(cache, "models--" + (self.repo or "").replace("/", "--"), "blobs")
+        return (self.source_dir if local else self.path) or ""
 
 
 @dataclass
@@ -81,14 +99,16 @@ def host_files_module() -> ModuleType:
     return module
 
 
-def source_manifest(req: SyncRequest, source: HostContext | None) -> dict[str, Any]:
+def source_manifest(req: SyncRequest, source: HostContext | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The model's manifest at the source, and (hf_cache) each file's blob name."""
     if source is None:
         assert req.source_dir is not None
-        found = host_files_module().source_manifest(req.source_dir)
+        params = {**req.source_params(), "path": req.source_dir, "cache": req.source_dir}
+        found = host_files_module().main(params)
         where = req.source_dir
     else:
-        found = source.call("model_files", {"action": "manifest", "path": req.path})
-        where = f"{source.name}:{req.path}"
+        found = source.call("model_files", req.source_params())
+        where = f"{source.name}:{req.cache if req.layout == 'hf_cache' else req.path}"
     if found.get("error"):
         raise InputError(f"--from {where}: {found['error']}")
     doc: dict[str, Any] = found["manifest"]
@@ -96,15 +116,53 @@ def source_manifest(req: SyncRequest, source: HostContext | None) -> dict[str, A
         raise InputError(f"--from {where}: the folder holds no files")
     if req.revision and doc["revision"] != req.revision:
         raise InputError(f"--from {where}: holds revision {doc['revision']}, the spec pins {req.revision}")
-    return doc
+    return doc, found.get("blobs") or {}
 
 
-def check_targets(targets: Fleet, req: SyncRequest, files: list[list[Any]]) -> dict[str, HostResult[Any]]:
-    params = {"action": "check", "dest": req.path, "files": files, "manifest_name": MANIFEST_NAME}
-    return targets.map(lambda ctx: ctx.call("model_files", params))
+def wire_files(manifest: dict[str, Any], blobs: dict[str, str]) -> tuple[list[list[Any]], list[list[str]]]:
+    """What the chain sends ([[name, size, sha256]]) and, for a HF snapshot, its links ([[path, blob]]):
+    a folder's files by path; a snapshot's blobs once each, however many paths link to one."""
+    if not blobs:
+        return [[f["path"], f["size"], f["sha256"]] for f in manifest["files"]], []
+    sent: dict[str, list[Any]] = {}
+    for f in manifest["files"]:
+        sent.setdefault(blobs[f["path"]], [blobs[f["path"]], f["size"], f["sha256"]])
+    return sorted(sent.values()), [[f["path"], blobs[f["path"]]] for f in manifest["files"]]
+
+
+def check_targets(targets: Fleet, req: SyncRequest, plan: chain.SyncPlan) -> dict[str, HostResult[Any]]:
+    """Each target's answer. A path locked by a sync whose controller was this machine and is dead (a
+    SIGKILLed run: its nodes can outlive it a moment) is stale: its token joins ``plan.stale_syncs`` and
+    the host is asked again, so this sync takes that lock over."""
+    params = {"action": "check", "dest": req.path, "files": plan.files, "manifest_name": MANIFEST_NAME,
+              "layout": req.layout, "links": plan.links}
+    from fleetctl.release.hostlock import holder_alive
+
+    found = targets.map(lambda ctx: ctx.call("model_files", params))
+    again = []
+    for name, res in found.items():
+        holder = lock_holder(res)
+        if holder.get("sync") and holder_alive(holder) is False:
+            plan.stale_syncs.append(holder["sync"])
+            again.append(name)
+    if again:
+        retry = {**params, "stale_syncs": plan.stale_syncs}
+        found.update(targets.map(lambda ctx: ctx.call("model_files", retry), names=again))
+    return found
+
+
+def lock_holder(res: HostResult[Any]) -> dict[str, Any]:
+    """The controller-side holder of the sync lock a host's check answer reports, else {}."""
+    lock = (res.value or {}).get("holder") if res.ok and isinstance(res.value, dict) else None
+    holder = lock.get("holder") if isinstance(lock, dict) else None
+    return holder if isinstance(holder, dict) else {}
 
 
 def refusal(host: str, found: Mapping[str, Any], path: str) -> str | None:
+    if found.get("locked"):
+        return f"{host}: {path} is {found['locked']}"
+    if found.get("foreign") and found.get("why"):
+        return f"{host}: {found['why']}"
     if found.get("foreign"):
         return (f"{host}: {path} exists and is not this model revision (no matching manifest); "
                 "remove it or sync to another path")
@@ -121,11 +179,11 @@ class Sync:
                  on_change: Callable[[Tally], None] | None) -> None:
         self.req, self.source, self.targets = req, source, targets
         started = time.monotonic()
-        self.manifest = source_manifest(req, source)
+        self.manifest, blobs = source_manifest(req, source)
         self.phases = {"manifest": time.monotonic() - started}
-        self.files = [[f["path"], f["size"], f["sha256"]] for f in self.manifest["files"]]
+        self.files, self.links = wire_files(self.manifest, blobs)
         self.plan = chain.SyncPlan(self.files, req.path, MANIFEST_NAME, manifest_text(self.manifest),
-                                   req.limit_rate, req.stall_s)
+                                   req.limit_rate, req.stall_s, req.layout, self.links, sync_holder(req))
         self.results: dict[str, HostResult[SyncOutcome]] = {}
         self.tally = Tally({}, on_change=on_change)
         self.via: dict[str, str] = {}
@@ -153,7 +211,7 @@ class Sync:
 
     def precheck(self) -> list[HostContext]:
         pending = []
-        for host, res in check_targets(self.targets, self.req, self.files).items():
+        for host, res in check_targets(self.targets, self.req, self.plan).items():
             if not res.ok:
                 self.results[host] = HostResult(host, res.status, reason=res.reason, details=res.details)
                 continue
@@ -178,7 +236,7 @@ class Sync:
         keys = chain.link_keys([*([self.source] if self.source else []), *senders])
         entries = self.warm(entries, senders, keys)
         head = self.source.name if self.source else "(controller)"
-        doc = self.plan.doc("source", head, [entries], keys, src=self.req.source_dir or self.req.path)
+        doc = self.plan.doc("source", head, [entries], keys, src=self.req.source_root(self.source is None))
         try:
             stream = self.open_head(self.source, doc)
         except FleetError as exc:
@@ -224,7 +282,7 @@ class Sync:
         for branch in branches:
             self.via[branch[0]["host"]] = "relay"
         if self.source is None:  # the controller is the source: a star straight from its folder
-            doc = self.plan.doc("source", "(controller)", branches, {}, src=self.req.source_dir)
+            doc = self.plan.doc("source", "(controller)", branches, {}, src=self.req.source_root(True))
             stream = self.open_head(None, doc)
             try:
                 Events(stream, self.tally, "(controller)", source=True).drain()
@@ -236,7 +294,7 @@ class Sync:
             events = Events(relay, self.tally, "(relay)", source=False)
             need = events.until_ready()
             feed = bulk_stream(self.source.connector, chain.link_command(self.source))
-            feed.send(chain.plan_bytes(self.plan.doc("feed", self.source.name, [], {}, src=self.req.path,
+            feed.send(chain.plan_bytes(self.plan.doc("feed", self.source.name, [], {}, src=self.req.source_root(False),
                                                      send=sorted(need))))
             carrier = pump(feed, relay, self.tally)
             events.drain()
@@ -265,10 +323,47 @@ class Sync:
         return HostResult(host, status, value, reason=f"incomplete, re-run to resume: {why}")
 
 
+def sync_holder(req: SyncRequest) -> dict[str, Any]:
+    """Who this sync is, as the lock on each target names it; its token lets its own later nodes take it."""
+    from fleetctl.release.hostlock import who
+
+    return {**who(f"models sync {req.path}"), "sync": secrets.token_hex(8)}
+
+
 def manifest_text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
+HF_DOWNLOAD_TIMEOUT = 24 * 3600.0
+HF_TOKEN_VAR = "hf_token"
+
+
+def hf_download(req: SyncRequest, source: HostContext) -> dict[str, Any]:
+    """``hf download`` of the pinned revision into the source host's cache. The host var hf_token must
+    be vault-encrypted; it reaches the host inside the agent's request and ``hf`` in its environment."""
+    from fleetctl.vault import VaultStr
+
+    token = source.vars.get(HF_TOKEN_VAR)
+    if token is not None and not isinstance(token, VaultStr):
+        raise InputError(f"{source.name}: host var {HF_TOKEN_VAR} must be vault-encrypted (!vault): it is a secret")
+    params = {"cache": req.cache, "repo": req.repo, "revision": req.revision, "token": token or None}
+    found: dict[str, Any] = source.call("model_hf", params, timeout=HF_DOWNLOAD_TIMEOUT)
+    if found.get("error"):
+        raise HostError(source.name, f"--hf-download {req.repo}@{req.revision}: {found['error']}")
+    return found
+
+
 def run_sync(req: SyncRequest, source: HostContext | None, targets: Fleet,
              on_change: Callable[[Tally], None] | None = None) -> SyncReport:
-    return Sync(req, source, targets, on_change).run()
+    took = 0.0
+    if req.hf_download:
+        if source is None or req.layout != "hf_cache":
+            raise InputError("--hf-download needs --from a host and a Hugging Face cache model (hf_cache)")
+        started = time.monotonic()
+        hf_download(req, source)
+        took = time.monotonic() - started
+    report = Sync(req, source, targets, on_change).run()
+    if req.hf_download:
+        report.phases["hf_download"] = round(took, 3)
+        report.seconds += took
+    return report

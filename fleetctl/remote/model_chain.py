@@ -1,3 +1,4 @@
+# fleetctl-include: model_host
 # fleetctl-include: model_files
 # fleetctl-include: model_link
 # One link of `fleetctl models sync`'s pipelined chain, run on each host by `python -c` (stream_main).
@@ -12,6 +13,9 @@
 # sends only those. Events go upstream on stdout as lines (EVENT + JSON): ready, progress, done,
 # cut, refused; each node relays its branches' lines. A branch that dies or stalls is cut and the
 # hosts behind it re-attached; the files they missed are sent from this host's disk at the end.
+# Each file that lands verified is recorded in the host's verified-hash store (model_host.HashStore,
+# plan["cache_dir"]) under the path it will have once published, so the deploy tier's first check
+# after a sync hashes nothing again (publishing renames the folder: the files keep inode and times).
 import json
 import os
 import select
@@ -130,16 +134,26 @@ class Node(object):
         self.files = plan["files"]
         self.role = plan["role"]
         self.dest = plan.get("dest")
+        self.hf = plan.get("layout") == "hf_cache"
         self.own, self.landing, self.errors = set(), None, []
+        self.store, self.locked = None, False
         self.written, self.cur, self.last = 0, -1, 0.0
 
     def prepare(self):
         """A node checks its own disk first: refused (foreign folder, no room) before any byte."""
         if self.role != "node":
             return True
-        found = check({"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"]})
+        theirs = take_lock(self.dest, self.plan.get("holder") or {}, self.plan.get("stale_syncs") or ())
+        if theirs is not None:
+            self.out.event("refused", host=self.me, why="%s is %s" % (self.dest, holder_line(theirs)))
+            return False
+        self.locked = True
+        params = {"dest": self.dest, "files": self.files, "manifest_name": self.plan["manifest_name"],
+                  "links": self.plan.get("links")}
+        found = hf_check(params) if self.hf else check_dest(params)
         if found.get("foreign"):
-            self.out.event("refused", host=self.me, why="%s exists and is not this model revision" % self.dest)
+            self.out.event("refused", host=self.me, why=found.get("why") or (
+                "%s exists and is not this model revision" % self.dest))
             return False
         if not found["complete"] and found["free"] < found["room_needed"]:
             self.out.event("refused", host=self.me, why="no room: %d bytes free on %s's volume, %d needed" % (
@@ -150,7 +164,30 @@ class Node(object):
             if not os.path.isdir(temp_dir_of(self.dest)):
                 os.makedirs(temp_dir_of(self.dest))
             clear_stale_temps(self.dest)
+            if self.plan.get("cache_dir"):
+                self.store = HashStore(self.plan["cache_dir"], os.path.realpath(self.dest))
         return True
+
+    def record(self, path, key, sha):
+        """A proved file's hash, as of its stat now, under the real path ``key`` verify will see."""
+        if self.store is None:
+            return
+        st = os.stat(path)
+        self.store.files[key] = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, sha, time.time()]
+        self.store.changed = True
+        self.store.save()  # per file: a killed sync keeps what it proved
+
+    def landed(self, landing):
+        """A folder's file keeps its inode and times when staging becomes dest: recorded now. A HF blob
+        is renamed into blobs/ at publish (a new ctime): recorded then (publish_model)."""
+        if not self.hf:
+            self.record(landing.final, os.path.join(self.store.base if self.store else "", landing.rel), landing.sha)
+
+    def publish_model(self):
+        if not self.hf:
+            return publish(self.dest, self.files, self.plan["manifest_name"], self.plan["manifest_text"])
+        return hf_publish(self.dest, self.files, self.plan["links"], self.plan["manifest_text"],
+                          lambda path, sha: self.record(path, os.path.realpath(path), sha))
 
     def local_path(self, i):
         rel = safe_rel(self.files[i][0])
@@ -158,7 +195,7 @@ class Node(object):
             return os.path.join(self.plan["src"], rel)
         if staged(self.dest, rel, self.files[i][1]):
             return os.path.join(staging_of(self.dest), rel)
-        return os.path.join(self.dest, rel)
+        return os.path.join(hf_dirs(self.dest)[1] if self.hf else self.dest, rel)
 
     def on_frame(self, kind, payload):
         if kind == FILE:
@@ -179,6 +216,8 @@ class Node(object):
             why = self.landing.finish()
             if why:
                 self.errors.append(why)
+            else:
+                self.landed(self.landing)
             self.landing = None
 
     def errors_full(self):
@@ -197,7 +236,7 @@ class Node(object):
             self.landing.abandon()
         self.progress(force=True)
         try:
-            ok = publish(self.dest, self.files, self.plan["manifest_name"], self.plan["manifest_text"])
+            ok = self.publish_model()
         except (IOError, OSError) as exc:
             ok, self.errors = False, self.errors + ["publishing: %s" % exc]
         missing = [self.files[i][0] for i in sorted(self.own) if not staged(self.dest, self.files[i][0],
@@ -207,8 +246,15 @@ class Node(object):
 
 
 def run(plan):
-    out = Out()
-    node = Node(plan, out)
+    node = Node(plan, Out())
+    try:
+        return run_node(plan, node, node.out)
+    finally:
+        if node.locked:
+            release_lock(node.dest)
+
+
+def run_node(plan, node, out):
     if not node.prepare():
         return 0
     stall = float(plan.get("stall_s") or 60)

@@ -13,9 +13,11 @@
 # name, hashed as it lands and renamed to its own name only when size and sha256 match; so a file
 # at its own name in staging is verified. When every file is there the manifest is written last and
 # the staging folder is renamed to dest in one step: a server never sees a partial model.
+import fcntl
 import json
 import os
 import shutil
+import time
 
 MARGIN = 16 << 20  # free space kept beyond the model's bytes (the manifest, metadata, a little air)
 
@@ -96,11 +98,98 @@ def staged(dest, rel, size):
     return size_of(os.path.join(staging_of(dest), safe_rel(rel))) == size
 
 
-def check(params):
+# One sync of a path per host at a time: a lock file beside the staging folder, held by the sync's node
+# (its pid and start time on this host, the controller's holder line, the sync's token), removed when
+# it ends. A lock whose pid is no longer running (a killed sync) is stale and taken over; a live one
+# refuses the second sync, naming its holder; a node of the same sync (the relay round) takes it over.
+def lock_path(dest):
+    return staging_of(dest) + ".lock"
+
+
+def pid_start(pid):
+    """Start time (clock ticks since boot) of a live process on this host, None when it is not running."""
+    try:
+        with open("/proc/%d/stat" % int(pid), "r") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
+
+
+def live_lock(dest):
+    """The lock's document while the process holding it runs, else None (none, or stale)."""
+    try:
+        with open(lock_path(dest), "r", encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    if type(doc) is not dict or not doc.get("pid"):
+        return None
+    start = pid_start(doc["pid"])
+    return doc if start is not None and doc.get("pid_start") in (None, start) else None
+
+
+def holder_line(doc):
+    h = doc.get("holder") or {}
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(doc.get("since") or 0))
+    return "being synced by %s@%s pid %s (%s) since %s; its node is pid %s on this host" % (
+        h.get("user", "?"), h.get("controller", "?"), h.get("pid", "?"), h.get("command", "models sync"), when,
+        doc.get("pid"))
+
+
+def take_lock(dest, holder, stale=()):
+    """None when this process now holds dest's sync lock, else the live holder's document."""
+    path = lock_path(dest)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    body = json.dumps({"pid": os.getpid(), "pid_start": pid_start(os.getpid()), "holder": holder,
+                       "since": time.time()})
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(body)
+    guard = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # takers on this host one at a time: a stale lock is taken over once
+        theirs = live_lock(dest)
+        if theirs is not None and (theirs.get("holder") or {}).get("sync") not in [holder.get("sync"), *stale]:
+            return theirs
+        os.rename(tmp, path)  # none, stale, or an earlier node of this same sync: replaced whole
+        return None
+    finally:
+        os.close(guard)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def release_lock(dest):
+    try:
+        with open(lock_path(dest), "r", encoding="utf-8") as handle:
+            mine = json.load(handle).get("pid") == os.getpid()
+    except (IOError, OSError, ValueError, AttributeError):
+        return
+    if mine:
+        os.unlink(lock_path(dest))
+
+
+def locked(dest, total, stale=()):
+    """check's answer while another sync holds dest on this host. ``stale``: syncs whose controller
+    is known dead (a SIGKILLed controller: its nodes may live on a moment), whose lock is taken over."""
+    doc = live_lock(dest)
+    if doc is None or doc.get("pid") == os.getpid() or (doc.get("holder") or {}).get("sync") in stale:
+        return None
+    return {"complete": False, "locked": holder_line(doc), "holder": doc, "total_bytes": total,
+            "free": free_bytes(dest)}
+
+
+def check_dest(params):
     dest, files, manifest_name = params["dest"], params["files"], params["manifest_name"]
     for rel, _, _ in files:
         safe_rel(rel)
     total = sum(size for _, size, _ in files)
+    busy = locked(dest, total, params.get("stale_syncs") or ())
+    if busy is not None:
+        return busy
     if complete(dest, files, manifest_name):
         return {"complete": True, "need": [], "need_bytes": 0, "total_bytes": total, "free": free_bytes(dest)}
     if os.path.lexists(dest):
@@ -152,10 +241,119 @@ def fsync_dir(path):
         os.close(fd)
 
 
+# A Hugging Face cache snapshot (plan "layout": "hf_cache"): dest is <cache>/models--ORG--NAME/snapshots/<rev>;
+# the files sent are the revision's blobs (named by their etag: the rel of a file of the plan), landing in
+# the same staging folder; "links" maps each snapshot path to its blob. Publishing moves the blobs into
+# blobs/, writes the manifest in <repo>/.fleetctl/, then the snapshot folder of relative symlinks appears
+# in one rename; refs/main is written only where the target has none (a branch is never moved).
+def hf_dirs(dest):
+    """(repo folder, blobs folder, revision) of a snapshot path."""
+    snapshots, revision = os.path.split(os.path.normpath(dest))
+    repo_dir = os.path.dirname(snapshots)
+    return repo_dir, os.path.join(repo_dir, "blobs"), revision
+
+
+def hf_source_manifest(cache, repo, revision):
+    """The snapshot's manifest (the kept one while it still names the snapshot's files at their sizes,
+    else built from the blob names) and each file's blob name."""
+    snapshot = hf_snapshot(cache, repo, revision)
+    if not os.path.isdir(snapshot):
+        return {"error": "%s: no snapshot of revision %s in the cache" % (snapshot, revision)}
+    try:
+        doc = load(manifest_path("hf_cache", cache, repo, revision))
+        if sorted(f["path"] for f in doc["files"]) != model_files(snapshot) or not all(
+                size_of(os.path.join(snapshot, f["path"])) == f["size"] for f in doc["files"]):
+            doc = build_from_hf_cache(cache, repo, revision)
+    except ValueError:
+        try:
+            doc = build_from_hf_cache(cache, repo, revision)
+        except ValueError as exc:
+            return {"error": str(exc)}
+    blobs = dict((f["path"], os.path.basename(os.path.realpath(os.path.join(snapshot, f["path"]))))
+                 for f in doc["files"])
+    return {"manifest": doc, "blobs": blobs}
+
+
+def hf_linked(dest, rel, blob, size):
+    """The snapshot entry is a symlink into blobs/ to ``blob``, which is there at ``size``."""
+    path = os.path.join(dest, safe_rel(rel))
+    _, blobs, _ = hf_dirs(dest)
+    return (os.path.islink(path) and os.path.realpath(path) == os.path.join(os.path.realpath(blobs), blob)
+            and size_of(path) == size)
+
+
+def hf_check(params):
+    dest, files, links = params["dest"], params["files"], params["links"]
+    sizes = dict((blob, size) for blob, size, _ in files)
+    _, blobs, _ = hf_dirs(dest)
+    total = sum(sizes.values())
+    busy = locked(dest, total, params.get("stale_syncs") or ())
+    if busy is not None:
+        return busy
+    if os.path.lexists(dest):
+        bad = [rel for rel, blob in links if not hf_linked(dest, rel, blob, sizes[blob])]
+        if not bad:
+            return {"complete": True, "need": [], "need_bytes": 0, "total_bytes": total, "free": free_bytes(dest)}
+        return {"complete": False, "foreign": True, "total_bytes": total, "free": free_bytes(dest),
+                "why": "%s exists but %s is not linked to its blob; remove the snapshot and re-run" % (dest, bad[0])}
+    need = [i for i, (blob, size, _) in enumerate(files)
+            if not staged(dest, blob, size) and size_of(os.path.join(blobs, safe_rel(blob))) != size]
+    need_bytes = sum(files[i][1] for i in need)
+    return {"complete": False, "need": need, "need_bytes": need_bytes, "total_bytes": total,
+            "free": free_bytes(blobs), "room_needed": need_bytes + MARGIN}
+
+
+def hf_publish(dest, files, links, manifest_text, landed=None):
+    """Every blob staged or already in blobs/: blobs moved in, manifest, snapshot links, refs/main.
+    ``landed(path, sha256)`` is told of each blob moved in (its hash proved as it landed in staging)."""
+    if hf_check({"dest": dest, "files": files, "links": links}).get("complete"):
+        return True
+    repo_dir, blobs, revision = hf_dirs(dest)
+    staging = staging_of(dest)
+    for blob, size, _ in files:
+        if not staged(dest, blob, size) and size_of(os.path.join(blobs, blob)) != size:
+            return False
+    if not os.path.isdir(blobs):
+        os.makedirs(blobs)
+    for blob, size, sha in files:
+        if staged(dest, blob, size):
+            os.rename(os.path.join(staging, blob), os.path.join(blobs, blob))
+            if landed is not None:
+                landed(os.path.join(blobs, blob), sha)
+    tree = os.path.join(staging, ".fleetctl-snapshot")
+    shutil.rmtree(tree, ignore_errors=True)
+    for rel, blob in links:
+        final = os.path.join(dest, safe_rel(rel))
+        link = os.path.join(tree, safe_rel(rel))
+        if not os.path.isdir(os.path.dirname(link)):
+            os.makedirs(os.path.dirname(link))
+        os.symlink(os.path.relpath(os.path.join(blobs, blob), os.path.dirname(final)), link)
+    kept = os.path.join(repo_dir, HF_MANIFEST_DIR)  # manifest_path("hf_cache", ...), from the repo folder
+    if not os.path.isdir(kept):
+        os.makedirs(kept)
+    write_manifest(kept, "%s.manifest.json" % revision, manifest_text)
+    if not os.path.isdir(os.path.dirname(dest)):
+        os.makedirs(os.path.dirname(dest))
+    os.rename(tree, dest)
+    ref = os.path.join(repo_dir, "refs", "main")
+    if not os.path.exists(ref):
+        if not os.path.isdir(os.path.dirname(ref)):
+            os.makedirs(os.path.dirname(ref))
+        with open(ref, "w") as handle:
+            handle.write(revision)
+    shutil.rmtree(staging, ignore_errors=True)
+    fsync_dir(os.path.dirname(dest))
+    return True
+
+
 def main(params):
     action = (params or {}).get("action")
+    if action == "manifest" and params.get("layout") == "hf_cache":
+        return hf_source_manifest(params["cache"], params["repo"], params["revision"])
     if action == "manifest":
         return source_manifest(params["path"])
+    if action == "check" and params.get("layout") == "hf_cache":
+        return hf_check(params)
     if action == "check":
-        return check(params)
+        return check_dest(params)
     raise ValueError("unknown action %r" % action)

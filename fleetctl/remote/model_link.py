@@ -95,7 +95,8 @@ class Branch(object):
         if key and argv[:1] == ["ssh"]:
             argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", key]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        child = dict(self.plan, role="node", host=entry["host"], branches=[rest] if rest else [])
+        child = dict(self.plan, role="node", host=entry["host"], cache_dir=entry.get("cache_dir"),
+                     branches=[rest] if rest else [])
         body = json.dumps(child).encode("utf-8")
         try:
             proc.stdin.write(struct.pack(">I", len(body)) + body)
