@@ -177,6 +177,8 @@ def fake_services(sglang_lab: LabHandle) -> Iterator[Callable[[str, list[str]], 
     this machine's network). Stopped by pid afterwards (the lab has no pid namespace)."""
     script = sglang_lab.dir / f"fake_sglang-{os.getpid()}.py"  # lab hosts see the lab folder, not /root
     script.write_bytes(FAKE_SGLANG.read_bytes())
+    api = FAKE_SGLANG.with_name("fake_sglang_api.py")  # imported by the stand-in from beside it
+    (sglang_lab.dir / api.name).write_bytes(api.read_bytes())
     pids: list[int] = []
 
     def start(host: str, args: list[str]) -> int:

@@ -21,7 +21,8 @@ from fleetctl.transport.agent import module_source
 REPO = Path(__file__).resolve().parent.parent
 REMOTE = REPO / "fleetctl" / "remote"
 FAKE_SGLANG = REPO / "fleetctl" / "lab" / "fake_sglang.py"
-HOST_FILES = [*sorted(REMOTE.glob("*.py")), FAKE_SGLANG]
+FAKE_SGLANG_API = FAKE_SGLANG.with_name("fake_sglang_api.py")
+HOST_FILES = [*sorted(REMOTE.glob("*.py")), FAKE_SGLANG_API, FAKE_SGLANG]
 IDS = [p.name for p in HOST_FILES]
 BUILTIN_GENERICS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 # Attributes and modules that Python 3.8 does not have (3.9 and later), as host code might use them.
@@ -114,10 +115,12 @@ def test_ruff_with_a_python38_target() -> None:
 
 # Each module as it is shipped (includes inlined), compiled and its top level run under another name.
 RUN_EVERY = """\
-import json, sys
+import json, sys, types
 done = []
 for name, text in json.loads(sys.stdin.read()):
-    exec(compile(text, name, "exec"), {"__name__": "fleetctl_py38_check"})
+    module = types.ModuleType(name[:-3])  # registered: the stand-in imports its answers by that name
+    exec(compile(text, name, "exec"), module.__dict__)
+    sys.modules[name[:-3]] = module
     done.append(name)
 print(json.dumps({"version": list(sys.version_info[:2]), "done": done}))
 """
@@ -130,8 +133,8 @@ PYTHONS = [pytest.param("/usr/bin/python3", id="system-python3")] + [
 
 @pytest.mark.parametrize("python", PYTHONS)
 def test_host_modules_load_on_every_interpreter_here(python: str) -> None:
-    texts = [(p.name, module_source(p.stem)[0]) for p in HOST_FILES[:-1]]
-    texts.append((FAKE_SGLANG.name, FAKE_SGLANG.read_text(encoding="utf-8")))
+    texts = [(p.name, module_source(p.stem)[0]) for p in HOST_FILES[:-2]]
+    texts += [(p.name, p.read_text(encoding="utf-8")) for p in (FAKE_SGLANG_API, FAKE_SGLANG)]
     proc = subprocess.run([python, "-c", RUN_EVERY], input=json.dumps(texts), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -31,6 +31,7 @@ from fleetctl.release.ownership import Claim
 from fleetctl.release.servers import restart
 from fleetctl.release.service import (
     STANDIN,
+    STANDIN_API,
     STANDIN_NAME,
     HostLayout,
     command,
@@ -308,6 +309,7 @@ def host_files(session: HostSession, spec: ReleaseSpec, layout: HostLayout,
                  for inst in insts.of_spec(spec) if inst.name is not None}
     if spec.model.service.standin:
         extra[STANDIN_NAME] = STANDIN.read_text(encoding="utf-8")
+        extra[STANDIN_API.name] = STANDIN_API.read_text(encoding="utf-8")
     return {"env_file": env_file(spec, kernel_env, session.vars), "env_files": env_files, "extra_files": extra,
             "service_user": spec.model.service.user}
 

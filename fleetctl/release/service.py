@@ -23,6 +23,7 @@ from fleetctl.release.spec import ReleaseSpec
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data: the wheel carries it
 STANDIN = Path(__file__).resolve().parents[1] / "lab" / "fake_sglang.py"
 STANDIN_NAME = "sglang_standin.py"
+STANDIN_API = STANDIN.with_name("fake_sglang_api.py")  # the stand-in's answers, shipped beside it (its import name)
 SUPERVISOR = Path(__file__).resolve().parents[1] / "remote" / "supervisor.py"
 
 
