@@ -15,7 +15,7 @@ from gateway_support import processes, start_gateway, start_stand_in, stream_onc
 
 from fleetctl.errors import InputError
 from fleetctl.gateway.client import Gateway, GatewayError
-from fleetctl.gateway.drain import gateways_of, worker_url
+from fleetctl.gateway.workers import gateways_of, worker_url
 
 
 def until(check, what: str, seconds: float = 60):  # type: ignore[no-untyped-def]

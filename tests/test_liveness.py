@@ -14,11 +14,12 @@ import sys
 
 import pytest
 
-from fleetctl.release.hostlock import process_start
+from fleetctl.liveness import process_start
 
 JUDGE = """
 import json, sys
-from fleetctl.release.hostlock import holder_alive, locked_message
+from fleetctl.release.hostlock import locked_message
+from fleetctl.liveness import holder_alive
 holder = json.loads(sys.argv[1])
 print(json.dumps({"alive": holder_alive(holder), "message": locked_message(holder, True)}))
 """

@@ -23,7 +23,8 @@ PLAIN = Path(__file__).resolve().parents[1] / "playbooks" / "releases" / "sglang
 HOLDER = textwrap.dedent("""\
     import sys, time
     from fleetctl.inventory import load_inventory
-    from fleetctl.release.hostlock import host_lock, who
+    from fleetctl.release.hostlock import host_lock
+    from fleetctl.liveness import who
     from fleetctl.release.service import layout_for
     from fleetctl.transport.fleet import Fleet
     inv = load_inventory(sys.argv[1])

@@ -173,8 +173,8 @@ def test_a_release_switched_but_never_gated_is_judged_against_the_release_it_rep
     re-run finds the release serving but never gated, so the canary compares it with the release it
     replaced, whose measurement is on the host, and rolls a slower release back."""
     from fleetctl.inventory import load_inventory
+    from fleetctl.liveness import who
     from fleetctl.release import servers
-    from fleetctl.release.hostlock import who
     from fleetctl.release.service import layout_for
     from fleetctl.transport.fleet import Fleet
 

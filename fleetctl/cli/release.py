@@ -43,8 +43,8 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
            stage: bool, wait: float, rollout: Any) -> int:
     """Deploy the release SPEC: build, switch atomically, restart, health gates, roll back on failure
     (--stage: build and verify only)."""
+    from fleetctl.liveness import who
     from fleetctl.release import deploy as core
-    from fleetctl.release.hostlock import who
     from fleetctl.release.ownership import RunClaims
     from fleetctl.release.spec import load_spec
 
@@ -177,7 +177,7 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
     """Switch back to a release already on the hosts and restart: nothing is reinstalled. The default
     target is the release before the current one in each host's history that was never rolled back
     from; a host already rolled back stays (--to goes further back), so a re-run is safe."""
-    from fleetctl.release.hostlock import who
+    from fleetctl.liveness import who
     from fleetctl.release.manage import rollback_host
     from fleetctl.release.ownership import RunClaims
 
@@ -285,7 +285,8 @@ def list_releases(app: AppContext) -> int:
 def remove_release(app: AppContext, release_id: str, check: bool) -> int:
     """Remove one release folder from each host (never the current or the previous one), and the
     base venvs built from a lock that no release uses any more."""
-    from fleetctl.release.hostlock import host_lock, who
+    from fleetctl.liveness import who
+    from fleetctl.release.hostlock import host_lock
     from fleetctl.release.identity import remove_release as remove
     from fleetctl.release.service import layout_for
 

@@ -10,7 +10,7 @@ import click
 from fleetctl import render
 from fleetctl.cli.context import AppContext
 from fleetctl.cli.options import exit_code_for, host_options
-from fleetctl.transport.base import HostResult
+from fleetctl.transport.base import HostResult, HostSession
 
 
 @click.group()
@@ -24,15 +24,15 @@ def router() -> None:
 def status(app: AppContext) -> int:
     """Each gateway's workers: health, load, and which of the selected hosts' servers are out and why."""
     from fleetctl.errors import ExitCode, InputError
-    from fleetctl.gateway.drain import gateways_of
-    from fleetctl.gateway.status import gateway_status, host_workers
+    from fleetctl.gateway.status import gateway_status
+    from fleetctl.gateway.workers import gateways_of
 
     hosts = app.selected_hosts()
     gateways = sorted({g for h in hosts for g in gateways_of(h.name, h.vars)})
     if not gateways:
         raise InputError("no gateway: set router_url (a URL or a list) for the hosts behind one")
     with app.fleet(read_only=True) as fleet:
-        found = fleet.map(host_workers)
+        found = fleet.map(_host_workers)
     listed = gateway_status(gateways, found)
     if app.json:
         render.emit_json({"gateways": [g.to_dict() for g in listed],
@@ -57,3 +57,23 @@ def print_gateway_steps(results: dict[str, HostResult[Any]]) -> None:
         for gate in getattr(res.value, "gates", None) or []:
             if gate.name.startswith("gateway"):
                 out.print(render.cell(f"{name}: {gate.name}: {gate.detail}"))
+
+
+def _host_workers(session: HostSession) -> list[dict[str, Any]]:
+    """The host's servers as gateway workers: url, and what the host says of each (running, /health)."""
+    from fleetctl.gateway.workers import gateways_of, worker_url
+    from fleetctl.release import instances as insts
+    from fleetctl.release.manage import server_status
+    from fleetctl.release.service import layout_for
+
+    if not gateways_of(session.name, session.vars):
+        return []
+    layout = layout_for(session.vars)
+    state = session.call("release_host", {"op": "state", **layout.params()})
+    out = []
+    for name in insts.names_of(state.get("service")):
+        server = server_status(session, layout, name)
+        out.append({"url": worker_url(session.name, session.vars, int(server.get("port") or 30000)),
+                    "gateways": gateways_of(session.name, session.vars), "running": bool(server.get("running")),
+                    "health": server.get("health"), "release": state.get("current")})
+    return out

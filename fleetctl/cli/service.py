@@ -45,8 +45,8 @@ restart = _command("restart", "Restart the servers in order; each must answer /h
 def run_service(app: AppContext, op: str, instance: str | None, timeout: float, rollout: Any,
                 check: bool = False) -> int:
     from fleetctl.cli.release import mark_failed
+    from fleetctl.liveness import who
     from fleetctl.release.batched import run_batched, skipped_results
-    from fleetctl.release.hostlock import who
     from fleetctl.release.service_ops import service_host
 
     command = " ".join(["fleetctl service", op, *([instance] if instance else [])])

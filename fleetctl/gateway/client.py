@@ -8,7 +8,7 @@ Confirmed on the installed smg 1.13.0: ``POST /workers {"url": ...}`` answers 20
 keep streaming from it. ``/add_worker?url=`` is gone (404). A re-added URL gets a new id.
 
 The controller talks to each gateway directly (gateways sit on the network the controller reaches,
-as an operator's curl does); the worker's own ``/metrics`` are read on its host (``gateway/drain.py``).
+as an operator's curl does); the worker's own ``/metrics`` are read on its host (``release/drain.py``).
 """
 
 from __future__ import annotations

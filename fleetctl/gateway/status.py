@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.gateway.client import Gateway, GatewayError, Worker
-from fleetctl.gateway.drain import gateways_of, worker_url
-from fleetctl.transport.base import HostResult, HostSession
+from fleetctl.transport.base import HostResult
 
 
 @dataclass
@@ -38,26 +37,6 @@ class GatewayStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "error": self.error, "workers": [w.to_dict() for w in self.workers]}
-
-
-def host_workers(session: HostSession) -> list[dict[str, Any]]:
-    """The host's servers as gateway workers: url, and what the host says of each (running, /health)."""
-    from fleetctl.release.manage import server_status
-    from fleetctl.release.service import layout_for
-
-    if not gateways_of(session.name, session.vars):
-        return []
-    layout = layout_for(session.vars)
-    state = session.call("release_host", {"op": "state", **layout.params()})
-    from fleetctl.release import instances
-
-    out = []
-    for name in instances.names_of(state.get("service")):
-        server = server_status(session, layout, name)
-        out.append({"url": worker_url(session.name, session.vars, int(server.get("port") or 30000)),
-                    "gateways": gateways_of(session.name, session.vars), "running": bool(server.get("running")),
-                    "health": server.get("health"), "release": state.get("current")})
-    return out
 
 
 def gateway_status(gateways: list[str], hosts: dict[str, HostResult[list[dict[str, Any]]]]) -> list[GatewayStatus]:

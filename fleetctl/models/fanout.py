@@ -136,7 +136,7 @@ def check_targets(targets: Fleet, req: SyncRequest, plan: chain.SyncPlan) -> dic
     the host is asked again, so this sync takes that lock over."""
     params = {"action": "check", "dest": req.path, "files": plan.files, "manifest_name": MANIFEST_NAME,
               "layout": req.layout, "links": plan.links}
-    from fleetctl.release.hostlock import holder_alive
+    from fleetctl.liveness import holder_alive
 
     found = targets.map(lambda ctx: ctx.call("model_files", params))
     again = []
@@ -325,7 +325,7 @@ class Sync:
 
 def sync_holder(req: SyncRequest) -> dict[str, Any]:
     """Who this sync is, as the lock on each target names it; its token lets its own later nodes take it."""
-    from fleetctl.release.hostlock import who
+    from fleetctl.liveness import who
 
     return {**who(f"models sync {req.path}"), "sync": secrets.token_hex(8)}
 

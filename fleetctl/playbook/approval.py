@@ -153,7 +153,7 @@ def clear(journal: Path) -> None:
 
 def request(folder: Path, run_id: str, decision: Literal["promote", "abort"], wait: float = 15.0) -> str:
     """``fleetctl runs promote|abort RUN_ID``: leave the decision for the run; what happened, in words."""
-    from fleetctl.release.hostlock import process_start, who
+    from fleetctl.liveness import process_start, who
     from fleetctl.runs.journal import find_run, read_events
 
     path = find_run(folder, run_id)

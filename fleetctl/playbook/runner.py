@@ -53,7 +53,7 @@ T = TypeVar("T")
 class Runner(TaskRunner):
     def __init__(self, inventory: Inventory, playbook: Playbook, options: RunOptions, settings: RunSettings,
                  journal: journal_mod.Journal, listener: Listener | None = None) -> None:
-        from fleetctl.release.hostlock import who
+        from fleetctl.liveness import who
 
         self.inventory = inventory
         self.playbook = playbook

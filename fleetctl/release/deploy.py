@@ -17,7 +17,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 
 from fleetctl.errors import HostError, RemoteOperationError
-from fleetctl.gateway import hooks as gateway
+from fleetctl.release import gateway_steps as gateway
 from fleetctl.release import identity, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib

@@ -3,49 +3,19 @@ cannot leave it behind; a stale one is broken only on request, a live one never.
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from fleetctl import liveness
 from fleetctl.errors import HostError
+from fleetctl.liveness import holder_alive
 from fleetctl.release.service import HostLayout
 from fleetctl.transport.base import HostSession
 
 
 class HostLocked(HostError):
     """Another fleetctl run holds this host's deploy lock."""
-
-
-def who(command: str) -> dict[str, Any]:
-    return {"user": getpass.getuser(), "controller": socket.gethostname(), "pid": os.getpid(),
-            "pid_start": process_start(os.getpid()), "command": command}
-
-
-def process_start(pid: int) -> str | None:
-    """Start time of a local process (clock ticks since boot), None when it is not running: with the
-    pid it names one process, never a later one that reused the pid."""
-    try:
-        fields = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, ValueError, IndexError):
-        return None
-    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
-
-
-def holder_alive(holder: dict[str, Any]) -> bool | None:
-    """Whether the run holding a lock is alive: True/False when it ran on this controller (its pid and
-    start time checked), None when it ran elsewhere (nothing here can tell)."""
-    if holder.get("controller") != socket.gethostname() or not holder.get("pid"):
-        return None
-    if not liveness.procfs_present():  # no start times to compare: never "dead" for a live pid
-        return liveness.pid_exists(int(holder["pid"]))
-    start = process_start(int(holder["pid"]))
-    return start is not None and (holder.get("pid_start") in (None, start))
 
 
 @contextmanager

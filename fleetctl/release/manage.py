@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import HostError
-from fleetctl.gateway import hooks as gateway
+from fleetctl.release import gateway_steps as gateway
 from fleetctl.release import instances, servers
 from fleetctl.release.deploy import ReleaseRefused
 from fleetctl.release.gates import GateResult

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import HostError
-from fleetctl.gateway import hooks as gateway
+from fleetctl.release import gateway_steps as gateway
 from fleetctl.release import instances, servers
 from fleetctl.release.gates import GateResult
 from fleetctl.release.hostlock import host_lock

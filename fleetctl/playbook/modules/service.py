@@ -32,7 +32,7 @@ def service(mc: ModuleContext, args: ServiceArgs) -> TaskResult:
     if not todo:
         return TaskResult(msg="running" if data["running"] else "stopped", data=data)
     op = todo[0][1]
-    from fleetctl.gateway import hooks as gateway
+    from fleetctl.release import gateway_steps as gateway
 
     if mc.check:  # with router_url: the gateway steps too
         steps = gateway.service_plan(mc.session, layout, [n for n, _ in todo], op)

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.gateway.drain import R, gateways_of, planned, through_gateways
+from fleetctl.gateway.workers import gateways_of
 from fleetctl.release import instances as insts
+from fleetctl.release.drain import R, planned, through_gateways
 from fleetctl.release.gates import GateResult
 from fleetctl.release.service import HostLayout, control, listen
 from fleetctl.release.spec import ReleaseSpec

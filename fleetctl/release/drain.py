@@ -26,10 +26,10 @@ from typing import Any, Protocol, TypeVar
 
 from fleetctl.errors import HostError, InputError
 from fleetctl.gateway.client import Gateway, GatewayError, Worker
+from fleetctl.gateway.workers import gateways_of, worker_url
 from fleetctl.release.gates import GateResult
 from fleetctl.transport.base import HostSession
 
-ROUTER_VAR = "router_url"
 POLL = 0.2
 
 
@@ -41,23 +41,6 @@ class Changed(Protocol):
 
 
 R = TypeVar("R", bound=Changed)
-
-
-def gateways_of(name: str, host_vars: Mapping[str, Any]) -> list[str]:
-    """The host's gateways (``router_url``: a URL or a list of them); [] when none is configured."""
-    raw = host_vars.get(ROUTER_VAR)
-    urls = [raw] if isinstance(raw, str) else list(raw) if isinstance(raw, (list, tuple)) else []
-    if raw is not None and not urls and raw != []:
-        raise InputError(f"{name}: {ROUTER_VAR} must be a URL or a list of URLs, got {raw!r}")
-    for url in urls:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise InputError(f"{name}: {ROUTER_VAR}: {url!r} is not an http(s) URL")
-    return [u.rstrip("/") for u in urls]
-
-
-def worker_url(name: str, host_vars: Mapping[str, Any], port: int) -> str:
-    address = host_vars.get("router_worker_host") or host_vars.get("ansible_host") or name
-    return f"http://{address}:{port}"
 
 
 def _seconds(host_vars: Mapping[str, Any], var: str, default: float) -> float:
