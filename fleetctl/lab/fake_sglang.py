@@ -81,91 +81,97 @@ except ImportError:  # run as a script (a lab host's release, a test's copy): th
 GENERATION = {"/generate": "native", "/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
+class StandinHandler(BaseHTTPRequestHandler):
+    """One connection's requests; ``make_handler`` gives each server its options and state."""
+
+    protocol_version = "HTTP/1.1"
+    opts: argparse.Namespace
+    served: Served
+    started_at: float
+    table: dict[str, Route]
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+        path = self.path.split("?", 1)[0]
+        if path == "/health" and self.opts.health_hang:
+            time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
+            return
+        if path == "/health":  # 503 while starting and while draining (http_server.py health_generate)
+            starting = time.time() - self.started_at < self.opts.start_delay
+            status = 503 if starting or self.served.draining else self.opts.health_status
+            self.reply(status, "text/plain; charset=utf-8", "")
+        elif path in self.table:
+            self.reply(*self.table[path]())
+        else:
+            self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
+        if path not in GENERATION:
+            self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            body = body if isinstance(body, dict) else {}
+            asked(body, GENERATION[path])
+        except (ValueError, TypeError) as exc:
+            self.reply(400, "application/json", json.dumps({"detail": str(exc)}))
+            return
+        ready = time.time() - self.started_at >= self.opts.start_delay and self.opts.health_status == 200
+        if not ready or not self.served.begin():
+            self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
+            return
+        if body.get("stream"):
+            self.stream(body, GENERATION[path])
+        else:
+            self.reply(200, "application/json", json.dumps(generate(self.opts, self.served, body, GENERATION[path])))
+
+    def stream(self, body: dict[str, Any], kind: str) -> None:
+        """SSE as SGLang's StreamingResponse sends it (media type text/event-stream, chunked)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        rid = f"standin-{id(body):x}"
+        final = generate(self.opts, self.served, body, kind,
+                         lambda i, _meta: self.event(stream_chunk(self.opts, kind, rid, i, None)))
+        if kind == "native":
+            self.event(stream_chunk(self.opts, kind, rid, final["meta_info"]["completion_tokens"], final))
+        else:
+            self.event(stream_chunk(self.opts, kind, rid, 0, final))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                self.event({"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                            "created": int(time.time()), "model": self.opts.model_path, "choices": [],
+                            "usage": final["usage"]})
+        self.chunk(b"data: [DONE]\n\n")
+        self.chunk(b"")
+
+    def event(self, doc: dict[str, Any]) -> None:
+        self.chunk(b"data: " + json.dumps(doc).encode("utf-8") + b"\n\n")
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def reply(self, status: int, content_type: str, body: str) -> None:
+        data = body.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        if self.opts.verbose:
+            sys.stderr.write(f"fake_sglang: {fmt % args}\n")
+
+
 def make_handler(opts: argparse.Namespace, served: Served) -> type[BaseHTTPRequestHandler]:
     started_at = time.time()
-    table = routes(opts, started_at, served)
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "fake-sglang/" + opts.version
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
-            path = self.path.split("?", 1)[0]
-            if path == "/health" and opts.health_hang:
-                time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
-                return
-            if path == "/health":  # 503 while starting and while draining (http_server.py health_generate)
-                starting = time.time() - started_at < opts.start_delay
-                status = 503 if starting or served.draining else opts.health_status
-                self.reply(status, "text/plain; charset=utf-8", "")
-            elif path in table:
-                self.reply(*table[path]())
-            else:
-                self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
-
-        def do_POST(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0]
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
-            if path not in GENERATION:
-                self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
-                return
-            try:
-                body = json.loads(raw or b"{}")
-                body = body if isinstance(body, dict) else {}
-                asked(body, GENERATION[path])
-            except (ValueError, TypeError) as exc:
-                self.reply(400, "application/json", json.dumps({"detail": str(exc)}))
-                return
-            ready = time.time() - started_at >= opts.start_delay and opts.health_status == 200
-            if not ready or not served.begin():
-                self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
-                return
-            if body.get("stream"):
-                self.stream(body, GENERATION[path])
-            else:
-                self.reply(200, "application/json", json.dumps(generate(opts, served, body, GENERATION[path])))
-
-        def stream(self, body: dict[str, Any], kind: str) -> None:
-            """SSE as SGLang's StreamingResponse sends it (media type text/event-stream, chunked)."""
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            rid = f"standin-{id(body):x}"
-            final = generate(opts, served, body, kind,
-                             lambda i, _meta: self.event(stream_chunk(opts, kind, rid, i, None)))
-            if kind == "native":
-                self.event(stream_chunk(opts, kind, rid, final["meta_info"]["completion_tokens"], final))
-            else:
-                self.event(stream_chunk(opts, kind, rid, 0, final))
-                if (body.get("stream_options") or {}).get("include_usage"):
-                    self.event({"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                                "created": int(time.time()), "model": opts.model_path, "choices": [],
-                                "usage": final["usage"]})
-            self.chunk(b"data: [DONE]\n\n")
-            self.chunk(b"")
-
-        def event(self, doc: dict[str, Any]) -> None:
-            self.chunk(b"data: " + json.dumps(doc).encode("utf-8") + b"\n\n")
-
-        def chunk(self, data: bytes) -> None:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
-
-        def reply(self, status: int, content_type: str, body: str) -> None:
-            data = body.encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            if opts.verbose:
-                sys.stderr.write(f"fake_sglang: {fmt % args}\n")
-
-    return Handler
+    return type("Handler", (StandinHandler,), {"opts": opts, "served": served, "started_at": started_at,
+                                               "table": routes(opts, started_at, served),
+                                               "server_version": "fake-sglang/" + opts.version})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
