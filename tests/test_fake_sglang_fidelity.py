@@ -108,9 +108,14 @@ def test_health_is_503_while_loading_and_while_draining() -> None:
 
 
 def test_sigterm_drains_the_stream_in_flight_then_exits() -> None:
-    """A stream in flight when SIGTERM comes completes in full; meanwhile /health is 503 and a new
-    generation is refused; then the server exits 0 (SGLang's sigterm_watchdog)."""
-    assert "async def sigterm_watchdog(self):" in sglang_source("srt/managers/tokenizer_manager.py")
+    """A stream in flight when SIGTERM comes completes in full; meanwhile /health and /ready are 503 and a
+    new generation is still admitted (SGLang's generate_request has no shutdown check: is_ready() only
+    answers /ready); then the server exits 0 (SGLang's sigterm_watchdog)."""
+    manager = sglang_source("srt/managers/tokenizer_manager.py")
+    assert "async def sigterm_watchdog(self):" in manager
+    assert "return not self.is_pause and self.is_healthy()" in manager
+    assert "status_code = 200 if _global_state.tokenizer_manager.is_ready() else 503" in \
+        sglang_source("srt/entrypoints/http_server.py")
     with processes() as procs:
         url, proc = start_stand_in(procs, "--enable-metrics", "--decode-tps", "40")
         result: list[tuple[int, str]] = []
@@ -121,7 +126,8 @@ def test_sigterm_drains_the_stream_in_flight_then_exits() -> None:
         proc.send_signal(signal.SIGTERM)
         while get(url + "/health")[0] != 503:
             assert proc.poll() is None
-        assert post(url + "/generate", {"text": "hi"})[0] == 503
+        assert get(url + "/ready")[0] == 503
+        assert post(url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})[0] == 200
         streaming.join(timeout=60)
         assert result == [(200, "")]
         assert proc.wait(timeout=30) == 0

@@ -4,7 +4,7 @@ The lab has no GPU, so tests, demos and (later) the release flow launch this as 
 lab hosts to exercise health gates and probes. It answers the endpoints fleetctl reads, in the
 shapes SGLang uses (see shared/DOMAIN.md):
 
-  GET /health          503 during --start-delay (the model loading) and while draining, then
+  GET /health, /ready  503 during --start-delay (the model loading) and while draining, then
                        --health-status (200 by default), empty body; with --health-hang it never answers
   GET /server_info     server args, "version", "internal_states": [{...}]; with speculative decoding
                        "avg_spec_accept_length" appears only once a generation has been served, as
@@ -20,8 +20,9 @@ shapes SGLang uses (see shared/DOMAIN.md):
   POST /v1/completions, /v1/chat/completions  OpenAI-style, "usage"; SSE chunks with "stream": true
   anything else        404 {"detail": "Not Found"}, as FastAPI does
 
-SIGTERM drains as SGLang does: /health answers 503, the requests in flight finish, then it exits 0
-(new generations meanwhile get 503, which the gateway retries on another worker).
+SIGTERM drains as SGLang does: /health and /ready answer 503, the requests in flight finish, then it
+exits 0; new generations are still admitted meanwhile, as SGLang admits them (a gateway must take the
+worker out first, or a loaded worker's drain runs into its stop timeout).
 
 With --old-api the info endpoints are only under their older names, /get_server_info and
 /get_model_info (the new names 404), as in older SGLang releases.
@@ -95,7 +96,8 @@ class StandinHandler(BaseHTTPRequestHandler):
         if path == "/health" and self.opts.health_hang:
             time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
             return
-        if path == "/health":  # 503 while starting and while draining (http_server.py health_generate)
+        # 503 while starting and while draining (http_server.py: health_generate; /ready: is_ready())
+        if path in ("/health", "/ready"):
             starting = time.time() - self.started_at < self.opts.start_delay
             status = 503 if starting or self.served.draining else self.opts.health_status
             self.reply(status, "text/plain; charset=utf-8", "")
@@ -216,10 +218,11 @@ def serve(opts: argparse.Namespace, ready: threading.Event | None = None) -> Non
 
 
 def drain(httpd: ThreadingHTTPServer, served: Served) -> None:
-    """SIGTERM: /health 503 and no new generation, then exit once nothing is in flight, as SGLang's
+    """SIGTERM: /health and /ready 503, then exit once nothing is in flight, as SGLang's
     TokenizerManager.sigterm_watchdog (srt/managers/tokenizer_manager.py) waits for rid_to_state to
-    empty. SGLang itself still admits new requests while it drains; the stand-in answers them 503,
-    which a gateway retries elsewhere, so a drain always ends."""
+    empty. New generations are still admitted meanwhile, as SGLang admits them: a worker still in a
+    gateway under load may not finish draining before its stop timeout (the drain through the gateway
+    takes it out first)."""
     served.draining = True
 
     def wait_then_stop() -> None:

@@ -65,10 +65,9 @@ class Served:
         self.itl: list[float] = []
 
     def begin(self) -> bool:
-        """Admit one generation; False while draining (the caller answers 503)."""
+        """Admit one generation, draining or not: SGLang's generate_request has no shutdown check
+        (srt/managers/tokenizer_manager.py); only /health and /ready say 503 while it drains."""
         with self.lock:
-            if self.draining:
-                return False
             self.running += 1
             return True
 
