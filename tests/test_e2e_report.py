@@ -63,9 +63,17 @@ def fleet_state(release_free_lab: LabHandle, tmp_path_factory: pytest.TempPathFa
     history = {"history": [{"time": 1.75e9, "from": None, "to": "gone-1", "reason": EVIL, "who": EVIL}]}
     lab.ssh("lab2", f"mkdir -p /var/lib/fleetctl && echo {json.dumps(json.dumps(history))} "
                     "> /var/lib/fleetctl/state.json")
+    # The report reads every run journal beside the inventory: this test's runs only, not those that
+    # earlier tests on the same session lab left (a run that touched lab2 would be its last run).
+    runs, kept = lab.dir / ".fleetctl" / "runs", scratch / "earlier-runs"
+    if runs.exists():
+        shutil.move(str(runs), str(kept))  # scratch may be on another filesystem
     yield lab, {"scratch": scratch}, {}
     for host in lab.hosts:
         remove_fake_smi(lab, host)
+    if kept.exists():
+        shutil.rmtree(runs, ignore_errors=True)
+        shutil.move(str(kept), str(runs))
 
 
 def test_report_of_a_real_fleet(fleet_state: tuple[LabHandle, dict[str, Any], dict[str, Any]],

@@ -38,11 +38,14 @@ def status(app: AppContext) -> int:
         render.emit_json({"gateways": [g.to_dict() for g in listed],
                           **render.results_json(found, lambda r: r)})
     else:
-        rows = [[g.url, w.url, w.host or "-", w.status, "yes" if w.healthy else "no", str(w.load), w.why]
-                for g in listed for w in g.workers]
-        rows += [[g.url, "-", "-", "unreachable", "-", "-", g.error] for g in listed if g.error]
-        render.console().print(render.table(None, ["gateway", "worker", "host", "status", "healthy", "load", "why"],
-                                            rows))
+        out = render.console()
+        for g in listed:  # the gateway's URL on a line of its own: whole, never folded in a column
+            out.print(render.cell(f"gateway {g.url}" + (f": unreachable: {g.error}" if g.error else "")),
+                      soft_wrap=True)
+            rows = [[w.url, w.host or "-", w.status, "yes" if w.healthy else "no", str(w.load), w.why]
+                    for w in g.workers]
+            if rows:
+                out.print(render.table(None, ["worker", "host", "status", "healthy", "load", "why"], rows))
         render.print_failures(found)
     code = exit_code_for(found)
     if any(g.error for g in listed):
@@ -56,7 +59,7 @@ def print_gateway_steps(results: dict[str, HostResult[Any]]) -> None:
     for name, res in results.items():
         for gate in getattr(res.value, "gates", None) or []:
             if gate.name.startswith("gateway"):
-                out.print(render.cell(f"{name}: {gate.name}: {gate.detail}"))
+                out.print(render.cell(f"{name}: {gate.name}: {gate.detail}"), soft_wrap=True)  # whole, piped too
 
 
 def _host_workers(session: HostSession) -> list[dict[str, Any]]:

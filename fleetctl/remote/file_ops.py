@@ -11,6 +11,7 @@
 import base64
 import grp
 import hashlib
+import errno
 import os
 import pwd
 import shutil
@@ -83,7 +84,12 @@ def _make_dirs(path, mode, uid, gid):
         missing.append(path)
         path = os.path.dirname(path.rstrip("/"))
     for folder in reversed(missing):  # Ansible's file module gives every folder it creates the attributes
-        os.mkdir(folder, 0o755)
+        try:
+            os.mkdir(folder, 0o755)
+        except OSError as exc:  # made meanwhile by another run (a parent two tasks create at once): not ours
+            if exc.errno != errno.EEXIST or not os.path.isdir(folder):
+                raise
+            continue
         if mode is not None:
             os.chmod(folder, mode)
         if uid != -1 or gid != -1:
