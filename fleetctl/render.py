@@ -98,12 +98,13 @@ def summary_line(results: dict[str, HostResult[Any]]) -> str:
     return f"{len(results)} hosts: {c['ok']} ok, {c['failed']} failed, {c['unreachable']} unreachable"
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Any:
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], whole: Sequence[str] = ()) -> Any:
+    """``whole``: columns whose cells are never folded (a URL someone greps for): the others give way."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(col, overflow="ignore", no_wrap=True) if col in whole else t.add_column(col, overflow="fold")
     for row in rows:
         t.add_row(*(cell(v) for v in row))
     return t

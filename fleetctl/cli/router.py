@@ -45,7 +45,8 @@ def status(app: AppContext) -> int:
             rows = [[w.url, w.host or "-", w.status, "yes" if w.healthy else "no", str(w.load), w.why]
                     for w in g.workers]
             if rows:
-                out.print(render.table(None, ["worker", "host", "status", "healthy", "load", "why"], rows))
+                out.print(render.table(None, ["worker", "host", "status", "healthy", "load", "why"], rows,
+                                       whole=("worker",)))
         render.print_failures(found)
     code = exit_code_for(found)
     if any(g.error for g in listed):
