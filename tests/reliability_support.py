@@ -200,3 +200,8 @@ def unmount_state_dir(lab: LabHandle, host: str) -> None:
     so its supervisor, then the server, are stopped first (the test's own clean-up, by their pidfiles)."""
     lab.ssh(host, f"{stop_services(STATE)}; {unmount(STATE)}", check=False)
     assert lab.ssh(host, f"findmnt -n -t tmpfs {STATE}; true").stdout.strip() == ""
+
+
+def journal_events(path: Path) -> list[dict[str, object]]:
+    """A run journal's events (a line cut short by a killed controller is left out)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]

@@ -5,7 +5,6 @@ whole and serving the new release at the end."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -15,17 +14,20 @@ import pytest
 import yaml
 from cli_support import run_cli
 from lab_support import LabHandle
-from reliability_support import assert_whole, fault_happened, release_state, tiny_releases, wait_until
+from reliability_support import (
+    assert_whole,
+    fault_happened,
+    journal_events,
+    release_state,
+    tiny_releases,
+    wait_until,
+)
 
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
 # The new release's server answers /health only after 6 s: the kill lands inside the gate.
 SLOW = 'service:\n  standin: true\n  args: [--standin-start-delay, "6"]\nhealth: {timeout: 60, interval: 0.2}\n'
-
-
-def journal_events(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def test_controller_killed_in_a_health_gate_then_resume_finishes(

@@ -5,7 +5,6 @@ run_end, exit 130, and `run --resume` finishes the rollout."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,17 +16,20 @@ import pytest
 import yaml
 from cli_support import run_cli
 from lab_support import LabHandle
-from reliability_support import assert_whole, fault_happened, release_state, tiny_releases, wait_until
+from reliability_support import (
+    assert_whole,
+    fault_happened,
+    journal_events,
+    release_state,
+    tiny_releases,
+    wait_until,
+)
 
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
 # The new release answers /health only after 20 s: both Ctrl-Cs land inside batch 2's gate.
 SLOW = 'service:\n  standin: true\n  args: [--standin-start-delay, "20"]\nhealth: {timeout: 90, interval: 0.2}\n'
-
-
-def journal_events(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def test_a_second_ctrl_c_rolls_the_gated_host_back_and_records_the_end(
