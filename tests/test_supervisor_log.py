@@ -15,7 +15,10 @@ from reliability_support import wait_until
 
 from fleetctl.remote import supervisor
 
-CHATTY = "import sys\nwhile True:\n    sys.stdout.write('x' * 999 + '\\n')\n    sys.stdout.flush()\n"
+# about 1 MB/s, a very chatty server: unpaced, it wrote gigabytes between two of the supervisor's 5 s checks
+# and the supervisor, copying them, missed the test's SIGTERM deadline on a loaded CI machine
+CHATTY = ("import sys, time\nwhile True:\n    sys.stdout.write('x' * 999 + '\\n')\n    sys.stdout.flush()\n"
+          "    time.sleep(0.001)\n")
 LIMIT = 200_000
 
 
