@@ -171,3 +171,50 @@ def test_remove_refuses_a_folder_holding_a_model_a_kept_release_names(tmp_path: 
     except ValueError as exc:
         assert f"{model.path} is used by kept release r1" in str(exc)
     assert model.path.is_dir()
+
+
+def rewrite_header(shard: Path, change: Any) -> None:
+    """The shard's header JSON changed by ``change`` and padded with spaces to its old length (the
+    format allows trailing spaces), so the file keeps its size and its spans still tile it."""
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    change(header)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= n
+    shard.write_bytes(data[:8] + raw + b" " * (n - len(raw)) + data[8 + n:])
+
+
+def test_a_shape_that_disagrees_with_its_bytes_is_named_as_safetensors_itself_refuses_it(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    model = make_folder_model(tmp_path / "m")
+    shard = model.path / model.shards[0]
+    name = next(k for k in json.loads(shard.read_bytes()[8:8 + struct.unpack("<Q", shard.read_bytes()[:8])[0]])
+                if k != "__metadata__")
+
+    def halve_first_dim(header: dict[str, Any]) -> None:
+        shape = header[name]["shape"]
+        assert shape[0] % 2 == 0
+        shape[0] //= 2
+
+    rewrite_header(shard, halve_first_dim)
+    what = HOST.safetensors_problem(str(shard), shard.stat().st_size)[0]
+    assert what is not None and f"tensor {name} is" in what and "damaged" in what
+    try:
+        with safe_open(str(shard), framework="numpy") as handle:
+            handle.get_tensor(name)
+    except Exception as exc:  # the real loader's own verdict on the same file
+        assert "invalid" in str(exc).lower() or "mismatch" in str(exc).lower(), exc
+    else:
+        raise AssertionError("safetensors loaded a tensor whose shape disagrees with its bytes")
+
+
+def test_an_unknown_dtype_is_not_judged_but_its_span_still_is(tmp_path: Path) -> None:
+    model = make_folder_model(tmp_path / "m")
+    shard = model.path / model.shards[0]
+    data = shard.read_bytes()
+    header = json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])
+    name = next(k for k in header if k != "__metadata__")
+    rewrite_header(shard, lambda h: h[name].update(dtype="F2_FUTURE"))
+    assert HOST.safetensors_problem(str(shard), shard.stat().st_size)[0] is None

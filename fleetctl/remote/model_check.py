@@ -10,6 +10,12 @@ import os
 import struct
 
 MAX_HEADER = 100 * 1000 * 1000  # the format's own limit
+# Bits per element of each dtype the safetensors format defines (its Rust crate's Dtype::bitsize, 0.8).
+# A tensor's byte span must be exactly shape's product x bits / 8, as the crate checks when it loads
+# (TensorInvalidInfo): a header whose spans tile the file but disagree with the shapes is damaged.
+DTYPE_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+              "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+              "C64": 64, "F64": 64, "I64": 64, "U64": 64}
 INDEX_SUFFIX = ".safetensors.index.json"
 
 
@@ -41,6 +47,9 @@ def safetensors_problem(path, size):
         if (type(offsets) is not list or len(offsets) != 2 or not all(type(x) is int for x in offsets)
                 or not 0 <= offsets[0] <= offsets[1]):
             return "tensor %s has no valid data_offsets (damaged)" % name, set()
+        shape_problem = tensor_size_problem(name, info, offsets[1] - offsets[0])
+        if shape_problem:
+            return shape_problem, set()
         spans.append((offsets[0], offsets[1]))
     spans.sort()
     end = 0
@@ -52,6 +61,24 @@ def safetensors_problem(path, size):
         return "header covers %d bytes but the file has %d (%s)" % (
             8 + n + end, size, "truncated" if size < 8 + n + end else "trailing bytes"), set()
     return None, set(k for k in header if k != "__metadata__")
+
+
+def tensor_size_problem(name, info, span):
+    """None when the tensor's dtype and shape give exactly its byte span. A dtype this table does not
+    know (a newer format) is not judged: the span check above still holds for it."""
+    bits = DTYPE_BITS.get(info.get("dtype"))
+    shape = info.get("shape")
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        return "tensor %s has no valid shape (damaged)" % name
+    if bits is None:
+        return None
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * bits % 8 or count * bits // 8 != span:
+        return "tensor %s is %s %s (%d bytes) but its data spans %d bytes (damaged)" % (
+            name, info.get("dtype"), shape, count * bits // 8, span)
+    return None
 
 
 def index_problems(base, index_rel, tensors_of):
