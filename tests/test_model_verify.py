@@ -218,3 +218,15 @@ def test_an_unknown_dtype_is_not_judged_but_its_span_still_is(tmp_path: Path) ->
     name = next(k for k in header if k != "__metadata__")
     rewrite_header(shard, lambda h: h[name].update(dtype="F2_FUTURE"))
     assert HOST.safetensors_problem(str(shard), shard.stat().st_size)[0] is None
+
+
+def test_a_hf_snapshot_is_staged_outside_snapshots_where_the_hubs_own_tools_would_list_it(tmp_path: Path) -> None:
+    # huggingface_hub 1.33's scan_cache_dir (behind `hf cache ls` and `hf cache rm`) lists every folder in
+    # snapshots/ as a revision, a hidden one too: a staging folder there is a phantom revision mid-sync.
+    files = remote_module("model_files")
+    repo = tmp_path / "hub" / "models--org--name"
+    dest = str(repo / "snapshots" / ("a" * 40))
+    for path in (files.staging_of(dest), files.temp_dir_of(dest), files.lock_path(dest)):
+        assert Path(path).is_relative_to(repo / ".fleetctl"), path
+    folder = str(tmp_path / "models" / "qwen")  # a plain folder keeps its staging beside it
+    assert files.staging_of(folder) == str(tmp_path / "models" / ".qwen.fleetctl-partial")

@@ -24,6 +24,10 @@ MARGIN = 16 << 20  # free space kept beyond the model's bytes (the manifest, met
 
 def staging_of(dest):
     parent, name = os.path.split(os.path.normpath(dest))
+    if os.path.basename(parent) == "snapshots" and os.path.basename(os.path.dirname(parent)).startswith("models--"):
+        # a HF cache snapshot: staged in the repo's .fleetctl/, not beside it in snapshots/, where the Hub's
+        # own tools (`hf cache ls`, scan_cache_dir) would list the staging folder as a revision
+        return os.path.join(os.path.dirname(parent), HF_MANIFEST_DIR, "partial", name)
     return os.path.join(parent, "." + name + ".fleetctl-partial")
 
 
