@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+import bench_model  # noqa: E402
 from lab_support import LabHandle  # noqa: E402
 
 from fleetctl.cli.models_sync import parse_rate  # noqa: E402
@@ -37,28 +37,6 @@ LAB_DIR = REPO / ".fleetctl" / "bench-models-lab"
 BASE = "127.0.96.0"
 MODEL = "/srv/bench-model"
 OUT = REPO / "bench" / "models_sync.md"
-
-
-def write_model(folder: Path, total: int) -> int:
-    """4 safetensors shards (one tensor each, random bytes), the index and a config; the bytes written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shard_bytes, weight_map = total // 4, {}
-    for i in range(4):
-        name = f"model-{i + 1:05d}-of-00004.safetensors"
-        key = f"model.layers.{i}.weight"
-        header = json.dumps({key: {"dtype": "U8", "shape": [shard_bytes], "data_offsets": [0, shard_bytes]}}).encode()
-        with open(folder / name, "wb") as handle:
-            handle.write(struct.pack("<Q", len(header)) + header)
-            left = shard_bytes
-            while left:
-                block = os.urandom(min(left, 8 << 20))
-                handle.write(block)
-                left -= len(block)
-        weight_map[key] = name
-    index = {"metadata": {"total_size": 4 * shard_bytes}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    (folder / "config.json").write_text('{"model_type": "bench"}\n')
-    return sum(p.stat().st_size for p in folder.iterdir())
 
 
 def give_peer_ssh(lab: LabHandle) -> None:
@@ -150,7 +128,8 @@ def main() -> int:
     lab = LabHandle.from_fleet(lab_up(1 + max(counts), LAB_DIR, BASE))
     try:
         give_peer_ssh(lab)
-        size = write_model(LabPaths(lab.dir).host_dir("lab1") / MODEL.strip("/"), args.model_mb * 1_000_000)
+        seed = LabPaths(lab.dir).host_dir("lab1") / MODEL.strip("/")
+        size = bench_model.write_model(seed, args.model_mb * 1_000_000, 4)
         with lab.links(parse_rate(args.rate)):
             samples = run(lab, counts, args.runs, size)
     finally:

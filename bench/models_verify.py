@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+import bench_model  # noqa: E402
 from lab_support import LabHandle  # noqa: E402
 
 from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
@@ -40,24 +40,8 @@ OUT = REPO / "bench" / "models_verify.md"
 
 
 def write_model(folder: Path, total: int) -> int:
-    """16 safetensors shards (one tensor each, random bytes), the index, a config and the manifest."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shard_bytes, weight_map = total // SHARDS, {}
-    for i in range(SHARDS):
-        name = f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
-        key = f"model.layers.{i}.weight"
-        header = json.dumps({key: {"dtype": "U8", "shape": [shard_bytes], "data_offsets": [0, shard_bytes]}}).encode()
-        with open(folder / name, "wb") as handle:
-            handle.write(struct.pack("<Q", len(header)) + header)
-            left = shard_bytes
-            while left:
-                block = os.urandom(min(left, 8 << 20))
-                handle.write(block)
-                left -= len(block)
-        weight_map[key] = name
-    index = {"metadata": {"total_size": SHARDS * shard_bytes}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    (folder / "config.json").write_text('{"model_type": "bench"}\n')
+    """16 safetensors shards, the index, a config and the manifest; the bytes of the model."""
+    bench_model.write_model(folder, total, SHARDS)
     mf.dump(mf.build_from_folder(str(folder)), mf.manifest_path("folder", str(folder)))
     return sum(p.stat().st_size for p in folder.iterdir() if p.name != mf.FOLDER_MANIFEST)
 
