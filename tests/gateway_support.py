@@ -69,11 +69,12 @@ def start_stand_in(procs: list[subprocess.Popen[bytes]], *args: str) -> tuple[st
 
 
 def start_gateway(procs: list[subprocess.Popen[bytes]], log: Path, workers: list[str] = ()) -> str:  # type: ignore[assignment]
-    """The real smg on a free port, round robin, its Prometheus on another free port."""
+    """The real smg on a free port, round robin, its Prometheus on another free port of loopback (its
+    default is every interface)."""
     assert SMG.exists(), f"{SMG} is missing: run make deps (it installs smg 1.13.0 from PyPI)"
     port = free_port()
     argv = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-            "--prometheus-port", str(free_port()), "--log-level", "warn"]
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"]
     if workers:
         argv += ["--worker-urls", *workers]
     proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
