@@ -1,0 +1,226 @@
+"""The release story on a lab host booted by a real systemd (fleetctl/lab/systemd_host.py): with no
+``service_manager`` set, fleetctl finds systemd there and deploys a unit, restarts it, reads its logs
+from journald, rolls back, and the enabled server comes back by itself after the host reboots."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from cli_support import run_cli
+from lab_support import (
+    _NET,
+    LabHandle,
+    host_processes,
+    lab_usable,
+    listeners_on,
+    listening_sockets,
+    process_gone,
+    wait_gone,
+    worker_lab_dir,
+)
+
+from fleetctl.lab import LabPaths, lab_down, lab_up
+from fleetctl.lab.systemd_host import host_cgroup, running_init, set_init
+
+pytestmark = pytest.mark.lab
+HOST = "lab1"
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def systemd_lab_dir(name: str) -> Path:
+    """A lab folder outside /var/tmp (a systemd host covers /tmp, /var/tmp and /run with its own)."""
+    folder = worker_lab_dir(name)
+    if Path("/var/tmp") in folder.parents:  # a checkout under /root puts labs there
+        folder = Path("/var/lib/fleetctl-lab-tests") / folder.relative_to("/var/tmp")
+    return folder
+
+
+@contextmanager
+def systemd_lab(name: str, base: str) -> Iterator[LabHandle]:
+    """A one-host lab whose lab1 boots under systemd; powered off and purged afterwards (also what a
+    killed earlier run left)."""
+    directory = systemd_lab_dir(name)
+    lab_down(directory, purge=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    set_init(directory, HOST)
+    try:
+        yield LabHandle.from_fleet(lab_up(1, directory, base))
+    finally:
+        lab_down(directory, purge=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sd_lab() -> Iterator[LabHandle]:
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    with systemd_lab("test-lab-systemd", f"127.{_NET}.90.0") as lab:
+        lab.ssh(HOST, "/usr/bin/python3 -m venv --without-pip /root/ml-env")
+        yield lab
+
+
+def sh(lab: LabHandle, command: str) -> str:
+    return lab.ssh(HOST, command).stdout.strip()
+
+
+def unit(lab: LabHandle, prop: str) -> str:
+    return sh(lab, f"systemctl show -p {prop} --value sglang.service")
+
+
+def spec(folder: Path, version: str, args: str = "") -> Path:
+    path = folder / f"v{version}.yml"
+    path.write_text(f'name: bare\nversion: "{version}"\nbase: {{adopt: /root/ml-env}}\n'
+                    f"service: {{standin: true{args}}}\nhealth: {{timeout: 60, interval: 0.2}}\n")
+    return path
+
+
+def cli(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str):  # type: ignore[no-untyped-def]
+    return run_cli(capsys, "-i", str(lab.inventory_path), "-l", "all", *args)
+
+
+def deploy(capsys: pytest.CaptureFixture[str], lab: LabHandle, path: Path) -> str:
+    r = cli(capsys, lab, "deploy", str(path), "--json")
+    assert r.rc == 0, r.out + r.err
+    return str(r.json()["hosts"][HOST]["value"]["release_id"])
+
+
+def host_listeners(lab: LabHandle) -> set[tuple[str, int]]:
+    """What every process of lab1 listens on (sessions that end while we look are left out)."""
+    found: set[tuple[str, int]] = set()
+    for pid in host_processes(lab, HOST):
+        try:
+            found.update(listening_sockets(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_host_boots_systemd_with_only_its_own_units(sd_lab: LabHandle) -> None:
+    lab = sd_lab
+    assert sh(lab, "systemctl is-system-running --wait") == "running"
+    assert sh(lab, "cat /proc/1/comm") == "systemd"
+    running = sh(lab, "systemctl list-units --type=service --state=running --no-legend --plain").splitlines()
+    assert {line.split()[0] for line in running} - {"sglang.service"} == {
+        "fleetctl-lab-sshd.service", "systemd-journald.service"}
+    # Nothing of the host listens beyond its own address (its sshd, the server): no 0.0.0.0.
+    sockets = host_listeners(lab)
+    assert sockets and {address for address, _port in sockets} == {lab.addresses[HOST]}
+
+
+def test_a_boot_leaves_the_machines_tmp_alone(sd_lab: LabHandle, tmp_path: Path) -> None:
+    """systemd-tmpfiles would empty a month-old /tmp file; the host's /tmp is its own tmpfs."""
+    old = Path("/tmp") / f"fleetctl-systemd-host-sentinel-{os.getpid()}"
+    old.write_text("kept\n")
+    month_ago = time.time() - 30 * 86400
+    os.utime(old, (month_ago, month_ago))
+    try:
+        with sd_lab.stop(HOST):  # a power-off, then a boot
+            pass
+        assert sh(sd_lab, "systemctl is-system-running --wait") == "running"
+        assert old.read_text() == "kept\n"
+        assert sd_lab.ssh(HOST, f"test -e {old}", check=False).returncode == 1
+        sh(sd_lab, "touch /tmp/made-on-the-host")
+        assert not Path("/tmp/made-on-the-host").exists()
+    finally:
+        old.unlink(missing_ok=True)
+
+
+def test_deploy_restart_logs_and_rollback_under_systemd(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = sd_lab
+    first = deploy(capsys, lab, spec(tmp_path, "1"))
+    assert (sh(lab, "systemctl is-active sglang.service"), sh(lab, "systemctl is-enabled sglang.service")) == (
+        "active", "enabled")
+    assert unit(lab, "FragmentPath") == "/etc/systemd/system/sglang.service"
+    assert unit(lab, "Description").endswith(f"(fleetctl release {first})")
+    pid = unit(lab, "MainPID")
+    assert "sglang_standin.py" in sh(lab, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert lab.ssh(HOST, "ls /var/lib/fleetctl/service/*supervisor*", check=False).returncode != 0
+    server = cli(capsys, lab, "service", "status", "--json").json()["hosts"][HOST]["value"]["servers"][0]
+    assert (server["manager"], server["running"], server["health"]) == ("systemd", True, "200")
+
+    r = cli(capsys, lab, "service", "restart", "--json")
+    assert r.rc == 0, r.out + r.err
+    assert unit(lab, "MainPID") not in ("0", pid) and unit(lab, "ActiveState") == "active"
+
+    second = deploy(capsys, lab, spec(tmp_path, "2"))
+    assert unit(lab, "Description").endswith(f"(fleetctl release {second})")
+    r = cli(capsys, lab, "rollback", "--json")
+    assert r.rc == 0, r.out + r.err
+    assert (r.json()["hosts"][HOST]["value"]["outcome"], r.json()["hosts"][HOST]["value"]["to"]) == (
+        "rolled-back", first)
+    assert unit(lab, "Description").endswith(f"(fleetctl release {first})")
+    assert unit(lab, "ActiveState") == "active"
+
+    logs = cli(capsys, lab, "logs", "-n", "30", "--json").json()["hosts"][HOST]["value"]
+    assert any(f"systemd[1]: Started sglang.service - SGLang inference server (fleetctl release {first})" in line
+               for line in logs["lines"]), logs
+
+
+def test_a_server_that_fails_to_start_is_logged_by_journald(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = sd_lab
+    good = deploy(capsys, lab, spec(tmp_path, "1"))
+    r = cli(capsys, lab, "deploy", str(spec(tmp_path, "3", ", args: [--speculative-algorithm, BOGUS]")), "--json")
+    assert r.rc == 2
+    host = r.json()["hosts"][HOST]
+    assert host["value"]["outcome"] == "rolled-back"
+    assert "invalid choice: 'BOGUS'" in host["reason"] and "sglang.service: Main process exited" in host["reason"]
+    assert unit(lab, "Description").endswith(f"(fleetctl release {good})") and unit(lab, "ActiveState") == "active"
+    lines = cli(capsys, lab, "logs", "-n", "30", "--json").json()["hosts"][HOST]["value"]["lines"]
+    assert any("error: argument --speculative-algorithm: invalid choice: 'BOGUS'" in line for line in lines), lines
+
+
+def health(lab: LabHandle, seconds: float = 60) -> int:
+    """/health of lab1's server, asked until it answers at all (the server binds after systemd starts it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with NO_PROXY.open(f"http://{lab.addresses[HOST]}:30000/health", timeout=5) as answer:
+                return int(answer.status)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_an_enabled_server_comes_back_by_itself_after_a_reboot(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = sd_lab
+    release = deploy(capsys, lab, spec(tmp_path, "1"))
+    boot_id, init = sh(lab, "cat /proc/sys/kernel/random/boot_id"), running_init(LabPaths(lab.dir), HOST)
+    with lab.stop(HOST):
+        assert process_gone(init)  # the host's systemd powered off, and its server with it
+        assert listeners_on({lab.addresses[HOST]}) == []
+    assert sh(lab, "systemctl is-system-running --wait") == "running"
+    assert sh(lab, "cat /proc/sys/kernel/random/boot_id") != boot_id
+    assert unit(lab, "ActiveState") == "active" and unit(lab, "Description").endswith(f"(fleetctl release {release})")
+    assert health(lab) == 200
+    status = cli(capsys, lab, "service", "status", "--json").json()["hosts"][HOST]["value"]
+    assert (status["current"], status["servers"][0]["running"]) == (release, True)
+
+
+def test_lab_down_powers_a_systemd_host_off_and_leaves_nothing() -> None:
+    """What a killed test leaves behind is what the next run's ``lab down`` clears: every process of
+    the host, its cgroup, its address."""
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    with systemd_lab("test-lab-systemd-down", f"127.{_NET}.91.0") as lab:
+        paths = LabPaths(lab.dir)
+        pids, cgroup = host_processes(lab, HOST), host_cgroup(paths, HOST)
+        assert running_init(paths, HOST) in pids and cgroup.is_dir()
+        statuses = lab_down(lab.dir)
+        assert [s.state for s in statuses] == ["down"]
+        assert wait_gone(pids) == []
+        assert not cgroup.exists() and listeners_on({lab.addresses[HOST]}) == []
+        assert json.loads(paths.state.read_text())["hosts"][0]["pid"] == 0
