@@ -209,18 +209,30 @@ def test_an_enabled_server_comes_back_by_itself_after_a_reboot(
     assert (status["current"], status["servers"][0]["running"]) == (release, True)
 
 
-def test_lab_down_powers_a_systemd_host_off_and_leaves_nothing() -> None:
-    """What a killed test leaves behind is what the next run's ``lab down`` clears: every process of
-    the host, its cgroup, its address."""
+def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """``lab up --systemd-host`` boots it; ``lab down`` (also what clears a killed test's leftovers)
+    powers it off: every process of the host, its cgroup and its address are gone."""
     why = lab_usable()
     if why:
         pytest.skip(why)
-    with systemd_lab("test-lab-systemd-down", f"127.{_NET}.91.0") as lab:
-        paths = LabPaths(lab.dir)
-        pids, cgroup = host_processes(lab, HOST), host_cgroup(paths, HOST)
-        assert running_init(paths, HOST) in pids and cgroup.is_dir()
-        statuses = lab_down(lab.dir)
-        assert [s.state for s in statuses] == ["down"]
+    directory, base = systemd_lab_dir("test-lab-systemd-cli"), f"127.{_NET}.91.0"
+    lab_down(directory, purge=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(directory), "--base-address", base,
+                    "--systemd-host", "lab2")
+        assert (r.rc, r.err.strip()) == (2, "fleetctl: error: no lab host named 'lab2': the hosts are lab1..lab1")
+        r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(directory), "--base-address", base,
+                    "--systemd-host", HOST)
+        assert r.rc == 0, r.out + r.err
+        lab, paths = LabHandle.from_fleet(lab_up(1, directory, base)), LabPaths(directory)
+        pids, cgroup, init = host_processes(lab, HOST), host_cgroup(paths, HOST), running_init(paths, HOST)
+        assert init in pids and sh(lab, "cat /proc/1/comm") == "systemd" and cgroup.is_dir()
+        r = run_cli(capsys, "lab", "down", "--dir", str(directory))
+        assert r.rc == 0 and f"stopped pid {init}" in r.out, r.out + r.err
         assert wait_gone(pids) == []
         assert not cgroup.exists() and listeners_on({lab.addresses[HOST]}) == []
         assert json.loads(paths.state.read_text())["hosts"][0]["pid"] == 0
+    finally:
+        lab_down(directory, purge=True)
+        shutil.rmtree(directory, ignore_errors=True)

@@ -337,13 +337,19 @@ def _remove_cgroup(cgroup: Path) -> None:
             pass
 
 
-def set_init(directory: Path | str, name: str, systemd: bool = True) -> None:
-    """Make one host boot under systemd (or the lab's shell init) from its next start; a running host
-    under the other init is restarted now."""
+def set_init(directory: Path | str, name: str, systemd: bool = True, hosts: int = 254) -> None:
+    """Make one host (of lab1..lab``hosts``) boot under systemd (or the lab's shell init) from its next
+    start; a running host under the other init is restarted now."""
     from fleetctl.lab.fleet import lab_status, start_host, stop_host
     from fleetctl.lab.state import resolve_dir
 
     paths = LabPaths(resolve_dir(directory))
+    number = name[3:] if name.startswith("lab") and name[3:].isdigit() else ""
+    if not number or not 1 <= int(number) <= hosts or number != str(int(number)):
+        raise LabError(f"no lab host named {name!r}: the hosts are lab1..lab{hosts}")
+    why = usable(paths) if systemd else ""
+    if why:
+        raise LabError(f"{name}: {why}")
     paths.host_dir(name).mkdir(parents=True, exist_ok=True)
     options = files.read_host_options(paths, name)
     options[INIT_OPTION] = SYSTEMD_INIT if systemd else "sh"
