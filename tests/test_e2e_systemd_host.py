@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from cli_support import run_cli
 from lab_support import (
     _NET,
@@ -28,6 +29,7 @@ from lab_support import (
 )
 
 from fleetctl.lab import LabPaths, lab_down, lab_up
+from fleetctl.lab.reboot import serve_restarts
 from fleetctl.lab.systemd_host import host_cgroup, running_init, set_init
 
 pytestmark = pytest.mark.lab
@@ -207,6 +209,38 @@ def test_an_enabled_server_comes_back_by_itself_after_a_reboot(
     assert health(lab) == 200
     status = cli(capsys, lab, "service", "status", "--json").json()["hosts"][HOST]["value"]
     assert (status["current"], status["servers"][0]["running"]) == (release, True)
+
+
+HELLO_UNIT = ("[Unit]\nDescription=hello\n[Service]\nExecStart=/bin/sleep infinity\n"
+              "[Install]\nWantedBy=multi-user.target\n")
+
+
+def test_a_playbook_enables_a_unit_and_reboots_the_host_through_systemd(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The playbook modules ``systemd`` (daemon-reload, enable, start) and ``reboot`` with its default
+    command (``shutdown -r now``): systemd stops every unit, its reboot service asks the lab for a
+    restart, the host boots again and both the unit and the release's server are back by themselves."""
+    lab = sd_lab
+    release = deploy(capsys, lab, spec(tmp_path, "1"))
+    boot_id = sh(lab, "cat /proc/sys/kernel/random/boot_id")
+    book = tmp_path / "reboot.yml"
+    book.write_text(yaml.safe_dump([{"name": "reboot", "hosts": "lab", "tasks": [
+        {"name": "unit", "copy": {"dest": "/etc/systemd/system/lab-hello.service", "content": HELLO_UNIT}},
+        {"name": "enable and start", "register": "u", "systemd": {
+            "name": "lab-hello.service", "state": "started", "enabled": True, "daemon_reload": True}},
+        {"name": "reboot", "reboot": {"reboot_timeout": 120}, "register": "r"},
+        {"name": "saw it", "assert": {"that": ["r.rebooted", "u is changed"]}},
+    ]}], sort_keys=False))
+    with serve_restarts(lab.dir) as restarted:
+        r = run_cli(capsys, "-i", str(lab.inventory_path), "run", str(book), "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert restarted == [HOST]  # asked by systemd's own reboot service: nothing else asks
+    assert sh(lab, "cat /proc/sys/kernel/random/boot_id") != boot_id
+    assert sh(lab, "systemctl is-system-running --wait") == "running"
+    assert sh(lab, "systemctl is-active lab-hello.service; systemctl is-enabled lab-hello.service").split() == [
+        "active", "enabled"]
+    assert unit(lab, "ActiveState") == "active" and unit(lab, "Description").endswith(f"(fleetctl release {release})")
+    assert health(lab) == 200
 
 
 def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureFixture[str]) -> None:

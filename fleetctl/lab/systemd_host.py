@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fleetctl.errors import LabError
 from fleetctl.lab import files, sshd
+from fleetctl.lab.boot import RESTART_COMMAND
 from fleetctl.lab.state import ETC_MOUNT, PRIVATE_MOUNTS, LabHost, LabPaths
 
 SYSTEMD = "/lib/systemd/systemd"
@@ -77,6 +78,14 @@ RestartSec=1
 
 [Install]
 WantedBy=multi-user.target
+"""
+# `systemctl reboot` (and `shutdown -r`) on the host, once every unit has stopped, asks the lab for a
+# restart (served by lab/reboot.py serve_restarts), then systemd ends the host's PID namespace.
+REBOOT_DROP_IN = f"""\
+# Written by fleetctl lab: a reboot of this host is a restart by the lab.
+[Service]
+Type=oneshot
+ExecStart={RESTART_COMMAND}
 """
 # Folders systemd would touch on the machine's disk were they not replaced in the host.
 TMPFS = (("/run", "755"), ("/tmp", "1777"), ("/var/tmp", "1777"))
@@ -141,6 +150,8 @@ def write_units(paths: LabPaths, host: LabHost) -> None:
         if (MACHINE_UNITS / unit).exists():
             shutil.copyfile(MACHINE_UNITS / unit, folder / unit)
     (folder / "systemd-journald.service").write_text(JOURNALD_UNIT)
+    (folder / "systemd-reboot.service.d").mkdir(exist_ok=True)
+    (folder / "systemd-reboot.service.d" / "fleetctl-lab.conf").write_text(REBOOT_DROP_IN)
     config = str(paths.sshd_config(host.name))
     (folder / SSHD_UNIT).write_text(SSHD_UNIT_TEXT.format(name=host.name, sshd=sshd.SSHD,
                                                           config=exec_word(config)))
@@ -295,7 +306,7 @@ def running_init(paths: LabPaths, name: str) -> int:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return 0
-    return pid if comm == "systemd" else 0
+    return pid if comm in ("systemd", "systemd-shutdow") else 0  # the latter: its last step, shutting down
 
 
 def power_off(paths: LabPaths, name: str) -> list[int]:
