@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -241,6 +246,75 @@ def test_a_playbook_enables_a_unit_and_reboots_the_host_through_systemd(
         "active", "enabled"]
     assert unit(lab, "ActiveState") == "active" and unit(lab, "Description").endswith(f"(fleetctl release {release})")
     assert health(lab) == 200
+
+
+class Follow:
+    """``fleetctl logs --follow`` as its own process (a user's terminal); its lines read as they come."""
+
+    def __init__(self, lab: LabHandle) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(lab.inventory_path),
+                                      "-l", "all", "logs", "--follow"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.lines.put(x.rstrip()) for x in self.proc.stdout or ()],
+                         daemon=True).start()
+
+    def wait_for(self, count: int, text: str, seconds: float = 60) -> None:
+        """Until ``count`` lines seen contain ``text``; fails after ``seconds`` with what came."""
+        deadline = time.monotonic() + seconds
+        while sum(text in line for line in self.seen) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{count} x {text!r} never came; saw:\n" + "\n".join(self.seen[-30:]))
+            try:
+                self.seen.append(self.lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=60)
+
+
+def journal_followers(lab: LabHandle, seconds: float = 20) -> str:
+    """``journalctl -f`` still running on the host (its own PID namespace), asked until none is or time is up."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = lab.ssh(HOST, "pgrep -a -f '[j]ournalctl -u' || true").stdout.strip()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_instances_are_units_of_their_own_and_logs_follow_the_journal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    why = lab_usable()
+    if why:
+        pytest.skip(why)
+    pair = tmp_path / "pair.yml"
+    pair.write_text('name: pair\nversion: "1"\nbase: {adopt: /root/ml-env}\nservice:\n  standin: true\n'
+                    "  instances:\n    - {name: a, port: 30011}\n    - {name: b, port: 30012}\n"
+                    "health: {timeout: 60, interval: 0.2}\n")
+    with systemd_lab("test-lab-systemd-pair", f"127.{_NET}.92.0") as lab:
+        lab.ssh(HOST, "/usr/bin/python3 -m venv --without-pip /root/ml-env")
+        deploy(capsys, lab, pair)
+        for name in ("a", "b"):
+            assert sh(lab, f"systemctl is-active sglang@{name}.service; systemctl is-enabled sglang@{name}.service"
+                      ).split() == ["active", "enabled"]
+        lines = cli(capsys, lab, "logs", "a", "--since", "-1h", "--json").json()["hosts"][HOST]["value"]["lines"]
+        assert any("systemd[1]: Started sglang@a.service" in line for line in lines), lines
+        assert not any("sglang@b" in line for line in lines), lines
+
+        follow = Follow(lab)
+        try:
+            follow.wait_for(1, "systemd[1]: Started sglang@b.service")
+            assert cli(capsys, lab, "service", "restart", "b").rc == 0
+            follow.wait_for(2, "systemd[1]: Started sglang@b.service")  # a new journal line, as it came
+            assert any(line.startswith("lab1 b: ") for line in follow.seen), follow.seen[-10:]
+        finally:
+            rc = follow.interrupt()
+        assert rc == 130, follow.seen[-10:]
+        assert journal_followers(lab) == ""
 
 
 def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureFixture[str]) -> None:
