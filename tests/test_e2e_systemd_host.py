@@ -29,6 +29,7 @@ from lab_support import (
     listeners_on,
     listening_sockets,
     process_gone,
+    user_inventory,
     wait_gone,
     worker_lab_dir,
 )
@@ -116,8 +117,9 @@ def test_the_host_boots_systemd_with_only_its_own_units(sd_lab: LabHandle) -> No
     assert sh(lab, "systemctl is-system-running --wait") == "running"
     assert sh(lab, "cat /proc/1/comm") == "systemd"
     running = sh(lab, "systemctl list-units --type=service --state=running --no-legend --plain").splitlines()
-    assert {line.split()[0] for line in running} - {"sglang.service"} == {
-        "fleetctl-lab-sshd.service", "systemd-journald.service"}
+    names = {line.split()[0] for line in running}
+    base = {"fleetctl-lab-sshd.service", "systemd-journald.service"}
+    assert base <= names <= base | {"dbus.service", "sglang.service"}  # the bus starts when first asked
     # Nothing of the host listens beyond its own address (its sshd, the server): no 0.0.0.0.
     sockets = host_listeners(lab)
     assert sockets and {address for address, _port in sockets} == {lab.addresses[HOST]}
@@ -185,6 +187,45 @@ def test_a_server_that_fails_to_start_is_logged_by_journald(
     assert unit(lab, "Description").endswith(f"(fleetctl release {good})") and unit(lab, "ActiveState") == "active"
     lines = cli(capsys, lab, "logs", "-n", "30", "--json").json()["hosts"][HOST]["value"]["lines"]
     assert any("error: argument --speculative-algorithm: invalid choice: 'BOGUS'" in line for line in lines), lines
+
+
+def test_fleetop_needs_become_for_systemctl_and_gets_it_with_b(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = sd_lab
+    deploy(capsys, lab, spec(tmp_path, "1"))
+    inv = str(user_inventory(lab, tmp_path / "fleetop.yml"))
+    r = run_cli(capsys, "-i", inv, "-l", "all", "service", "status", "--json")
+    server = r.json()["hosts"][HOST]["value"]["servers"][0]
+    assert (r.rc, server["manager"], server["running"]) == (0, "systemd", True), r.out + r.err
+    pid = unit(lab, "MainPID")
+    r = run_cli(capsys, "-i", inv, "-l", "all", "service", "restart", "--json")
+    assert r.rc == 2
+    assert "as fleetop: run with --become (-b)" in r.json()["hosts"][HOST]["reason"], r.out
+    assert unit(lab, "MainPID") == pid
+    r = run_cli(capsys, "-i", inv, "-l", "all", "-b", "service", "restart", "--json")
+    assert r.rc == 0, r.out + r.err
+    assert unit(lab, "MainPID") not in ("0", pid)
+    r = run_cli(capsys, "-i", inv, "-l", "all", "-b", "deploy", str(spec(tmp_path, "2")), "--json")
+    assert r.rc == 0, r.out + r.err
+    assert unit(lab, "Description").endswith(f"(fleetctl release {r.json()['hosts'][HOST]['value']['release_id']})")
+
+
+def test_a_status_systemd_cannot_answer_says_why(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the system bus, systemctl as a non-root user gets no answer at all: the host fails in one
+    line saying why, never "not running" for a server that runs."""
+    lab = sd_lab
+    deploy(capsys, lab, spec(tmp_path, "1"))
+    inv = str(user_inventory(lab, tmp_path / "fleetop.yml"))
+    sh(lab, "systemctl stop dbus.socket dbus.service")
+    try:
+        r = run_cli(capsys, "-i", inv, "-l", "all", "service", "status", "--json")
+        assert r.rc == 2, r.out
+        assert ("systemd gave no answer: `systemctl is-active sglang.service` exited 1: Failed to connect to bus"
+                in r.json()["hosts"][HOST]["reason"]), r.out
+    finally:
+        sh(lab, "systemctl start dbus.socket")
+    assert unit(lab, "ActiveState") == "active"
 
 
 def health(lab: LabHandle, seconds: float = 60) -> int:

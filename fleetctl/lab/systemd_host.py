@@ -2,8 +2,8 @@
 
 Chosen per host (``init: systemd`` in its options.json, see ``use_systemd``). The host is the lab's
 usual one (its own /etc copy, private /root /opt /srv /var/lib/fleetctl /home, its own loopback
-address) plus a PID, cgroup and UTS namespace, and systemd 252 boots it: journald, then the host's
-sshd as a unit, then whatever fleetctl enabled (``multi-user.target.wants``).
+address) plus a PID, cgroup and UTS namespace, and systemd 252 boots it: journald and the D-Bus
+system bus, then the host's sshd as a unit, then whatever fleetctl enabled (``multi-user.target.wants``).
 
 What keeps the machine safe (a first try without it booted the machine's default target: its sshd
 took 0.0.0.0:22 and tmpfiles emptied the shared /tmp):
@@ -41,7 +41,8 @@ MACHINE_UNITS = Path("/lib/systemd/system")
 COPIED_UNITS = tuple(f"{t}.target" for t in (
     "basic", "sysinit", "sockets", "multi-user", "local-fs", "network", "network-online", "paths", "slices",
     "timers", "shutdown", "poweroff", "reboot", "halt", "final", "umount", "exit")) + tuple(
-    f"systemd-{s}.service" for s in ("poweroff", "reboot", "halt", "exit")) + ("systemd-journald.socket",)
+    f"systemd-{s}.service" for s in ("poweroff", "reboot", "halt", "exit")) + (
+    "systemd-journald.socket", "dbus.socket", "dbus.service")  # the system bus: systemctl as a non-root user needs it
 JOURNALD_UNIT = """\
 # Written by fleetctl lab: systemd's journal, without the /dev/log and audit sockets (/dev is the machine's).
 [Unit]
@@ -158,6 +159,8 @@ def write_units(paths: LabPaths, host: LabHost) -> None:
     _link(folder / "default.target", "multi-user.target")
     _link(folder / "multi-user.target.wants" / SSHD_UNIT, f"/etc/systemd/system/{SSHD_UNIT}")
     _link(folder / "sockets.target.wants" / "systemd-journald.socket", "/etc/systemd/system/systemd-journald.socket")
+    if (folder / "dbus.socket").exists():
+        _link(folder / "sockets.target.wants" / "dbus.socket", "/etc/systemd/system/dbus.socket")
 
 
 def exec_word(word: str) -> str:
