@@ -250,7 +250,7 @@ def _wait_for_sshd(paths: LabPaths, host: LabHost, unshare_pid: int) -> int:
             raise LabError(f"{host.name}: systemd exited at boot: {_boot_log_tail(paths, host.name)}")
         init = _child_of(unshare_pid)
         if init and init != recorded:  # recorded first: a stop must find it even if the boot fails
-            init_file(paths, host.name).write_text(f"{init} {_start_time(init)}\n")
+            init_file(paths, host.name).write_text(f"{init} {_start_time(init)} {unshare_pid}\n")
             recorded = init
         namespace = _mount_ns(unshare_pid)
         for pid in sshd.find_our_sshd(config):
@@ -299,7 +299,7 @@ def running_init(paths: LabPaths, name: str) -> int:
     """The pid of this host's systemd while it runs (0 when none): the recorded pid, still the same
     process (its start time) and still systemd."""
     try:
-        pid_text, started = init_file(paths, name).read_text().split()
+        pid_text, started = init_file(paths, name).read_text().split()[:2]
         pid = int(pid_text)
     except (OSError, ValueError):
         return 0
@@ -321,6 +321,10 @@ def power_off(paths: LabPaths, name: str) -> list[int]:
         if not _wait_exit(pid, POWEROFF_TIMEOUT_S):
             os.kill(pid, signal.SIGKILL)
             _wait_exit(pid, 10.0)
+    try:  # unshare, when this process started it: collected, never left a zombie
+        sshd.reap(int(init_file(paths, name).read_text().split()[2]))
+    except (OSError, ValueError, IndexError):
+        pass
     init_file(paths, name).unlink(missing_ok=True)
     _remove_cgroup(host_cgroup(paths, name))
     return [pid] if pid else []
