@@ -29,6 +29,7 @@ from lab_support import (
     listeners_on,
     listening_sockets,
     process_gone,
+    unhealthy_release_spec,
     user_inventory,
     wait_gone,
     worker_lab_dir,
@@ -187,6 +188,35 @@ def test_a_server_that_fails_to_start_is_logged_by_journald(
     assert unit(lab, "Description").endswith(f"(fleetctl release {good})") and unit(lab, "ActiveState") == "active"
     lines = cli(capsys, lab, "logs", "-n", "30", "--json").json()["hosts"][HOST]["value"]["lines"]
     assert any("error: argument --speculative-algorithm: invalid choice: 'BOGUS'" in line for line in lines), lines
+
+
+def test_a_release_whose_health_gate_fails_is_rolled_back_under_systemd(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = sd_lab
+    good = deploy(capsys, lab, spec(tmp_path, "1"))
+    r = cli(capsys, lab, "deploy", str(unhealthy_release_spec(tmp_path)), "--json")
+    assert r.rc == 2, r.out + r.err
+    host = r.json()["hosts"][HOST]
+    assert host["value"]["outcome"] == "rolled-back" and host["reason"].startswith("health gate failed: GET /health")
+    assert unit(lab, "Description").endswith(f"(fleetctl release {good})") and unit(lab, "ActiveState") == "active"
+    assert health(lab) == 200
+
+
+def test_a_killed_server_is_restarted_by_systemd(
+        sd_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The unit's Restart=on-failure: systemd, not fleetctl, brings a server killed with SIGKILL back."""
+    lab = sd_lab
+    deploy(capsys, lab, spec(tmp_path, "1"))
+    pid, restarts = unit(lab, "MainPID"), int(unit(lab, "NRestarts"))
+    sh(lab, f"kill -9 {pid}")
+    deadline = time.monotonic() + 120
+    while int(unit(lab, "NRestarts")) == restarts or unit(lab, "ActiveState") != "active":
+        assert time.monotonic() < deadline, sh(lab, "systemctl status sglang.service --no-pager; true")
+        time.sleep(0.5)
+    assert unit(lab, "MainPID") not in ("0", pid) and int(unit(lab, "NRestarts")) == restarts + 1
+    assert health(lab) == 200
+    server = cli(capsys, lab, "service", "status", "--json").json()["hosts"][HOST]["value"]["servers"][0]
+    assert (server["manager"], server["running"]) == ("systemd", True)
 
 
 def test_fleetop_needs_become_for_systemctl_and_gets_it_with_b(
