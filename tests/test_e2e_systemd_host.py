@@ -389,8 +389,9 @@ def test_instances_are_units_of_their_own_and_logs_follow_the_journal(
 
 
 def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    """``lab up --systemd-host`` boots it; ``lab down`` (also what clears a killed test's leftovers)
-    powers it off: every process of the host, its cgroup and its address are gone."""
+    """``lab up --systemd-host`` switches a running host to systemd (once); ``lab down`` (also what
+    clears a killed test's leftovers) powers it off: every process of the host, its cgroup and its
+    address are gone."""
     why = lab_usable()
     if why:
         pytest.skip(why)
@@ -401,10 +402,13 @@ def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureF
         r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(directory), "--base-address", base,
                     "--systemd-host", "lab2")
         assert (r.rc, r.err.strip()) == (2, "fleetctl: error: no lab host named 'lab2': the hosts are lab1..lab1")
-        r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(directory), "--base-address", base,
-                    "--systemd-host", HOST)
-        assert r.rc == 0, r.out + r.err
         lab, paths = LabHandle.from_fleet(lab_up(1, directory, base)), LabPaths(directory)
+        assert sh(lab, "cat /proc/1/comm") != "systemd"  # the lab's usual host: this machine's PID 1
+        for _ in range(2):  # switched to systemd (restarted), then left alone
+            r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(directory), "--base-address", base,
+                        "--systemd-host", HOST)
+            assert r.rc == 0, r.out + r.err
+        assert "0 started, 1 already up" in r.out
         pids, cgroup, init = host_processes(lab, HOST), host_cgroup(paths, HOST), running_init(paths, HOST)
         assert init in pids and sh(lab, "cat /proc/1/comm") == "systemd" and cgroup.is_dir()
         r = run_cli(capsys, "lab", "down", "--dir", str(directory))
