@@ -1,7 +1,7 @@
 """A lab host whose init is a real systemd (PID 1 of its own PID namespace), not a shell.
 
-Chosen per host (``init: systemd`` in its options.json, see ``use_systemd``). The host is the lab's
-usual one (its own /etc copy, private /root /opt /srv /var/lib/fleetctl /home, its own loopback
+Chosen per host (``init: systemd`` in its options.json: ``set_init``, ``lab up --systemd-host``). The
+host is the lab's usual one (its own /etc copy, private /root /opt /srv /var/lib/fleetctl /home, its own loopback
 address) plus a PID, cgroup and UTS namespace, and systemd 252 boots it: journald and the D-Bus
 system bus, then the host's sshd as a unit, then whatever fleetctl enabled (``multi-user.target.wants``).
 
@@ -12,7 +12,9 @@ took 0.0.0.0:22 and tmpfiles emptied the shared /tmp):
   holds only the units below; generators see an empty folder; journald keeps its journal in /run;
 - its own cgroup (a cgroup namespace rooted at ``fleetctl-lab/<lab>-<host>``), so two systemd hosts
   never share a unit's cgroup; /dev/console is a log file of the host.
-Stopped by asking its init to power off (SIGRTMIN+4), then SIGKILL to it (which ends its namespace).
+Every step before systemd runs is ``set -e``: a mount that fails ends the boot, systemd never starts
+without them. Stopped by asking its init to power off (SIGRTMIN+4), then SIGKILL to it (which ends its
+namespace).
 """
 
 from __future__ import annotations
@@ -253,8 +255,10 @@ def _wait_for_sshd(paths: LabPaths, host: LabHost, unshare_pid: int) -> int:
             init_file(paths, host.name).write_text(f"{init} {_start_time(init)} {unshare_pid}\n")
             recorded = init
         namespace = _mount_ns(unshare_pid)
+        if namespace == _mount_ns(os.getpid()):  # unshare has not made the host's namespaces yet
+            namespace = None
         for pid in sshd.find_our_sshd(config):
-            if init and _mount_ns(pid) == namespace:
+            if init and namespace and _mount_ns(pid) == namespace:
                 return pid
         time.sleep(0.2)
     raise LabError(f"{host.name}: systemd did not start sshd within {BOOT_TIMEOUT_S:.0f}s: "
