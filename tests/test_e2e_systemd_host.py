@@ -419,3 +419,14 @@ def test_lab_up_and_down_of_a_systemd_host_leave_nothing(capsys: pytest.CaptureF
     finally:
         lab_down(directory, purge=True)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_systemd_host_in_a_lab_folder_under_tmp_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The host covers /tmp with its own tmpfs, so it could not reach a lab folder there: refused
+    before anything is made or started."""
+    folder = tmp_path / "lab"
+    r = run_cli(capsys, "lab", "up", "-n", "1", "--dir", str(folder), "--systemd-host", HOST)
+    assert (r.rc, r.err.strip()) == (2, f"fleetctl: error: lab1: the lab folder {folder} lies under /tmp, which a "
+                                        "systemd lab host replaces with its own tmpfs; pass --dir elsewhere")
+    assert not folder.exists()
