@@ -52,11 +52,16 @@ def lab() -> None:
 @_dir_option
 @click.option("--base-address", default="127.0.1.0", show_default=True,
               help="Host N listens on this address plus N (inside 127.0.0.0/8), port 22.")
-def up(hosts: int, directory: Path, base_address: str) -> None:
+@click.option("--systemd-host", "systemd_hosts", multiple=True, metavar="NAME",
+              help="Boot this host under a real systemd (its init from now on; repeatable).")
+def up(hosts: int, directory: Path, base_address: str, systemd_hosts: tuple[str, ...]) -> None:
     """Start the lab (idempotent); the last line printed is the inventory path."""
     from fleetctl.lab import lab_up  # the lab code loads only for lab commands
     from fleetctl.lab.accounts import LAB_USER
+    from fleetctl.lab.systemd_host import set_init
 
+    for name in systemd_hosts:
+        set_init(directory, name, hosts=hosts)
     fleet = lab_up(hosts, directory, base_address)
     click.echo(_table(fleet.hosts))
     kept = len(fleet.hosts) - len(fleet.started)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetctl.errors import LabError
-from fleetctl.lab import boot, files, sshd
+from fleetctl.lab import boot, files, sshd, systemd_host
 from fleetctl.lab.state import (
     LabHost,
     LabPaths,
@@ -150,7 +150,9 @@ def _start_hosts(paths: LabPaths, state: LabState, todo: list[LabHost]) -> None:
     with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
         list(pool.map(lambda h: _prepare_host(paths, h), todo))
         for host in todo:
-            host.pid = sshd.start_sshd(paths, host)
+            # A host booted by systemd answers its sshd's pid once systemd started it (lab/systemd_host.py).
+            host.pid = (systemd_host.start(paths, host) if systemd_host.wanted(paths, host.name)
+                        else sshd.start_sshd(paths, host))
         save_state(paths, state)  # record pids before waiting: a crash must not orphan them
         results = list(pool.map(lambda h: _wait(paths, h), todo))
     errors = [r for r in results if r]
@@ -225,7 +227,8 @@ def lab_down(directory: Path | str, purge: bool = False) -> list[LabHostStatus]:
 
 def _stop(paths: LabPaths, host: LabHost) -> LabHostStatus:
     config = paths.sshd_config(host.name)
-    stopped = [pid for pid in {host.pid, *sshd.find_our_sshd(config)} if sshd.stop_sshd(pid, config)]
+    stopped = systemd_host.power_off(paths, host.name)  # a systemd host's init first: a clean shutdown
+    stopped += [pid for pid in {host.pid, *sshd.find_our_sshd(config)} if sshd.stop_sshd(pid, config)]
     why = f"stopped pid {', '.join(map(str, sorted(stopped)))}" if stopped else "was not running"
     host.pid = 0
     return LabHostStatus(host.name, host.address, 0, DOWN, why)

@@ -46,6 +46,9 @@ def systemd(op, params):
     if op == "status":
         proc = run(["systemctl", "is-active", unit], check=False)
         state = proc.stdout.strip()
+        if not state:  # not even "unknown": systemd was not asked (no system bus for a non-root user)
+            raise RuntimeError("systemd gave no answer: `systemctl is-active %s` exited %d: %s"
+                               % (unit, proc.returncode, proc.stderr.strip()[-300:] or "nothing on stderr"))
         answer = dict(stored_fields(params), manager="systemd", running=state == "active", state=state,
                       enabled=os.path.lexists(os.path.join(units_dir, "multi-user.target.wants", unit)))
         if state != "active":  # what a failed gate shows: the unit's last journal lines
