@@ -30,12 +30,14 @@ HEALTH = {"timeout": 60, "interval": 0.2,
                                                           {"measure": "error_rate", "max_ratio": 2}]}}}
 
 
-def spec(folder: Path, version: str, prefill: float) -> Path:
+def spec(folder: Path, version: str, prefill: float, ratio: float = 1.5) -> Path:
     path = folder / f"mc-{version}.yml"
     args = ["--enable-metrics", "--standin-decode-tps", "50", "--standin-prefill-delay", str(prefill)]
+    health = yaml.safe_load(yaml.safe_dump(HEALTH))
+    health["canary"]["baseline"]["checks"][0]["max_ratio"] = ratio
     path.write_text(yaml.safe_dump({
         "name": "mc", "version": version, "base": {"adopt": "/root/ml-env"}, "requires": {"sglang": "==0.5.23"},
-        "service": {"standin": True, "args": args, "port": 30000}, "health": HEALTH}, sort_keys=False))
+        "service": {"standin": True, "args": args, "port": 30000}, "health": health}, sort_keys=False))
     return path
 
 
@@ -55,7 +57,9 @@ def lab_mc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         doc["all"]["children"]["lab"]["vars"] = {"router_url": url}
         inventory = lab.inventory_path.parent / "inventory-metric-canary.yml"
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-        env = {"lab": lab, "url": url, "inv": inventory, "A": spec(folder, "A", 0.0), "slow": spec(folder, "B", 1.5)}
+        env = {"lab": lab, "url": url, "inv": inventory, "A": spec(folder, "A", 0.0), "slow": spec(folder, "B", 1.5),
+               # As fast as A: its p99 stays far under 20x A's on a busy machine too.
+               "same": spec(folder, "C", 0.0, ratio=20)}
         first = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(inventory), "-l", "all",
                                 "deploy", str(env["A"])], capture_output=True, text=True, timeout=600)
         assert first.returncode == 0, first.stdout + first.stderr
@@ -98,4 +102,20 @@ def test_a_slower_first_token_fails_the_live_canary_against_the_old_hosts_and_ro
     assert ratio > 1.5
     assert [h for h in HOSTS if current(lab_mc, h) == old] == HOSTS  # lab1 back; lab2, lab3 never started
     assert "lab2" in (doc.get("halted") or "") or doc["hosts"]["lab2"]["reason"].startswith("not started")
+    assert (tally.failed, tally.truncated) == ([], [])
+
+
+def test_a_canary_as_fast_as_the_old_hosts_passes_each_against_the_hosts_not_yet_switched(
+        lab_mc: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    old, new = load_spec(lab_mc["A"]).release_id, load_spec(lab_mc["same"]).release_id
+    with streaming_load(lab_mc["url"], clients=4, tokens=20) as tally:
+        r = run_cli(capsys, "-i", str(lab_mc["inv"]), "-l", "all", "deploy", str(lab_mc["same"]), "--serial", "1",
+                    "--json")
+    assert r.rc == 0, r.out + r.err
+    details = {h: {g["name"]: g for g in r.json()["hosts"][h]["value"]["gates"]}[f"canary vs hosts on {old}"]["detail"]
+               for h in HOSTS}
+    assert "s on the canary vs " in details["lab1"] and " on lab2, lab3 (" in details["lab1"]
+    assert " on lab3 (" in details["lab2"] and "lab1" not in details["lab2"]  # lab1 runs the new release by then
+    assert details["lab3"] == f"no other host of this run serves {old}: nothing to compare with"
+    assert [current(lab_mc, h) for h in HOSTS] == [new] * 3
     assert (tally.failed, tally.truncated) == ([], [])
