@@ -25,16 +25,20 @@ HOSTS = ["lab1", "lab2", "lab3"]
 LAB_DIR = worker_lab_dir("test-lab-metric-canary")
 LAB_BASE = f"127.{_NET}.88.0"
 HEALTH = {"timeout": 60, "interval": 0.2,
-          "thresholds": [{"metric": "sglang:num_queue_reqs", "max": 0}],
+          # The rate is read in rotation: behind the gateway a drained worker has no traffic until then.
+          "thresholds": [{"metric": "sglang:num_queue_reqs", "max": 0},
+                         {"metric": "sglang:num_requests_total", "rate": True, "window": 4, "min": 0.01}],
           "canary": {"baseline": {"window": 6, "checks": [{"measure": "ttft", "quantile": 0.99, "max_ratio": 1.5},
                                                           {"measure": "error_rate", "max_ratio": 2}]}}}
 
 
-def spec(folder: Path, version: str, prefill: float, ratio: float = 1.5) -> Path:
+def spec(folder: Path, version: str, prefill: float, ratio: float = 1.5, loaded: bool = True) -> Path:
+    """``loaded``: deployed under load (the rate threshold needs requests; the fixture's first deploy has none)."""
     path = folder / f"mc-{version}.yml"
     args = ["--enable-metrics", "--standin-decode-tps", "50", "--standin-prefill-delay", str(prefill)]
     health = yaml.safe_load(yaml.safe_dump(HEALTH))
     health["canary"]["baseline"]["checks"][0]["max_ratio"] = ratio
+    health["thresholds"] = health["thresholds"][:2 if loaded else 1]
     path.write_text(yaml.safe_dump({
         "name": "mc", "version": version, "base": {"adopt": "/root/ml-env"}, "requires": {"sglang": "==0.5.23"},
         "service": {"standin": True, "args": args, "port": 30000}, "health": health}, sort_keys=False))
@@ -57,7 +61,8 @@ def lab_mc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         doc["all"]["children"]["lab"]["vars"] = {"router_url": url}
         inventory = lab.inventory_path.parent / "inventory-metric-canary.yml"
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-        env = {"lab": lab, "url": url, "inv": inventory, "A": spec(folder, "A", 0.0), "slow": spec(folder, "B", 1.5),
+        env = {"lab": lab, "url": url, "inv": inventory, "A": spec(folder, "A", 0.0, loaded=False),
+               "slow": spec(folder, "B", 1.5),
                # As fast as A: its p99 stays far under 20x A's on a busy machine too.
                "same": spec(folder, "C", 0.0, ratio=20)}
         first = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "-i", str(inventory), "-l", "all",
@@ -74,7 +79,9 @@ def test_check_names_the_metrics_the_gates_would_read(lab_mc: dict[str, Any],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     r = run_cli(capsys, "-i", str(lab_mc["inv"]), "-l", "lab1", "deploy", str(lab_mc["slow"]), "--check")
     assert r.rc == 0, r.out + r.err
-    assert "lab1: threshold: would read: GET /metrics on port 30000: sglang:num_queue_reqs <= 0" in r.out
+    assert "lab1: threshold: would read: GET /metrics on port 30000: sglang:num_queue_reqs <= 0\n" in r.out
+    assert ("lab1: threshold: would read: GET /metrics on port 30000: rate(sglang:num_requests_total[4s]) >= 0.01 "
+            "(in rotation, after the other gates)") in r.out
     assert ("lab1: canary: would compare: GET /metrics on port 30000 and on the run's hosts still on the previous "
             "release, 6s apart: ttft p99 at most 1.5x, error rate at most 2x (sglang:num_requests_total, "
             "sglang:time_to_first_token_seconds_bucket, sglang:num_aborted_requests_total)") in r.out
@@ -93,7 +100,13 @@ def test_a_slower_first_token_fails_the_live_canary_against_the_old_hosts_and_ro
     gates = {g["name"]: g for g in value["gates"]}
     assert gates["sglang:num_queue_reqs <= 0"]["ok"]
     assert gates["sglang:num_queue_reqs <= 0"]["detail"] == "sglang:num_queue_reqs = 0"
+    names = [g["name"] for g in value["gates"]]
+    rotation = f"gateway: in rotation for the live gates: {lab_mc['url']}"
+    rate = "rate(sglang:num_requests_total[4s]) >= 0.01"
+    assert names.index("sglang:num_queue_reqs <= 0") < names.index(rotation) < names.index(rate)
+    assert gates[rate]["ok"] and float(gates[rate]["detail"].split(" = ")[1]) > 0
     canary = gates[f"canary vs hosts on {old}"]
+    assert names.index(rate) < names.index(canary["name"]) < names.index("gateway")  # then out again, left out
     assert not canary["ok"]
     # The canary's first tokens take 1.5 s more: its p99 is in SGLang's (1, 2] s bucket, the old hosts' far below.
     assert "ttft p99 " in canary["detail"] and "s on the canary vs " in canary["detail"]

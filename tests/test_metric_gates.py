@@ -155,3 +155,23 @@ def test_a_bad_canary_check_is_named_too(tmp_path: Path) -> None:
                                  "        - {measure: error_rate, quantile: 0.5, max_ratio: 1.5}\n"))
     with pytest.raises(InputError, match=r"health.canary.baseline.checks.0: quantile is for ttft or itl"):
         load_spec(path)
+
+
+def test_the_gates_needing_live_traffic_are_the_windowed_thresholds_and_the_canary(tmp_path: Path) -> None:
+    from fleetctl.release.service import layout_for
+
+    path = tmp_path / "spec.yml"
+    path.write_text(SPEC % ("    - {metric: sglang:num_queue_reqs, max: 4}\n"
+                            "    - {metric: sglang:num_requests_total, rate: true, window: 10, min: 1}\n"
+                            "  canary:\n    baseline:\n      window: 20\n      labels: {model_name: M}\n"
+                            "      checks: [{measure: itl, quantile: 0.5, max_ratio: 1.2}]"))
+    spec = load_spec(path)
+    [server] = live_canary.live(spec, layout_for({}))
+    assert (server.port, [t.metric for t in server.thresholds]) == (30000, ["sglang:num_requests_total"])
+    assert [(g.name, g.detail) for g in live_canary.planned(spec, layout_for({}))] == [
+        ("threshold: would read", "GET /metrics on port 30000: sglang:num_queue_reqs <= 4"),
+        ("threshold: would read", "GET /metrics on port 30000: rate(sglang:num_requests_total[10s]) >= 1 "
+                                  "(in rotation, after the other gates)"),
+        ("canary: would compare", "GET /metrics on port 30000 and on the run's hosts still on the previous release, "
+                                  '20s apart: itl p50 at most 1.2x (sglang:num_requests_total{model_name="M"}, '
+                                  'sglang:inter_token_latency_seconds_bucket{model_name="M"})')]

@@ -188,11 +188,11 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
                 result.restart_error = failed
                 return roll_back_after_failure(session, spec, layout, result, holder)
         gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
-                          baseline, inst.name)
+                          baseline, inst.name, live_later=True)
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
-    live = live_canary.run(session, live_canary.live(spec, layout), baseline)  # every server gated: live traffic
+    live = live_canary.run(session, live_canary.live(spec, layout), baseline)  # every server gated: in rotation
     result.gates += live
     if not all(g.ok for g in live):
         return roll_back_after_failure(session, spec, layout, result, holder)

@@ -39,10 +39,13 @@ class GateResult:
 
 def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
               release_id: str | None = None, previous: str | None = None,
-              instance: str | None = None) -> list[GateResult]:
+              instance: str | None = None, live_later: bool = False) -> list[GateResult]:
     """``gate_in_order``, where a step that breaks on the host (a full disk, a remote error) is a
-    failed gate: the caller has switched, and rolls back on any failure after the switch."""
+    failed gate: the caller has switched, and rolls back on any failure after the switch.
+    ``live_later``: the thresholds with a window are left to ``live_canary.run`` (read in rotation)."""
     results: list[GateResult] = []
+    if live_later:
+        health = health.model_copy(update={"thresholds": [t for t in health.thresholds if not t.live]})
     try:
         gate_in_order(results, session, health, layout, port, release_id, previous, instance)
     except (RemoteOperationError, CommandError) as exc:

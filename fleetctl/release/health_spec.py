@@ -48,7 +48,7 @@ class Threshold(Strict):
     quantile: float | None = Field(default=None, ge=0, le=1)
     """``metric`` is a histogram: this quantile (0.99) of what it observed within ``window`` (or since start)."""
     window: float | None = Field(default=None, gt=0, le=3600)
-    """Seconds between the two scrapes of ``rate`` or ``quantile``."""
+    """Seconds between the two scrapes of ``rate`` or ``quantile``; read under live traffic, after the other gates."""
     path: str | None = None
     """The server path asked (``/server_info`` for ``field``, ``/metrics`` for ``metric``)."""
     min: float | None = None
@@ -70,6 +70,11 @@ class Threshold(Strict):
         if self.window is not None and not self.rate and self.quantile is None:
             raise ValueError("window is for rate or quantile")
         return self
+
+    @property
+    def live(self) -> bool:
+        """A metric over a window: read under live traffic, after the other gates (``live_canary.py``)."""
+        return self.metric is not None and self.window is not None
 
     @property
     def asked(self) -> str:

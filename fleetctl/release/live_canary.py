@@ -1,14 +1,15 @@
-"""The live canary (``health.canary.baseline``): the canary host against the rollout's hosts still on
-the release it replaced, under the same live traffic, with SGLang's own numbers (Argo Rollouts'
+"""The gates that need live traffic, after every server of the host passed the others: thresholds with a
+``window`` and the live canary (``health.canary.baseline``), the canary host against the rollout's hosts
+still on the release it replaced, under the same traffic, with SGLang's own numbers (Argo Rollouts'
 analysis against a baseline).
 
-After every server of the host passed its gates: behind a gateway each worker goes back into
-rotation (it has had no traffic since its drain), then the canary's ``/metrics`` and every baseline
-host's are scraped, ``window`` seconds pass, and all are scraped again. The baseline hosts are the
-run's other hosts (``HostContext.peers``) whose ``current`` is the release this host ran before; their
-histograms and counters are pooled. Each check fails when the canary's value is more than
-``max_ratio`` times the baseline's, or when either side finished fewer than ``min_requests``; the
-line says both numbers. A failure takes the workers out of rotation again before the host rolls back.
+Behind a gateway each worker first goes back into rotation (it has had no traffic since its drain).
+For the canary, its ``/metrics`` and every baseline host's are scraped, ``window`` seconds pass, and
+all are scraped again. The baseline hosts are the run's other hosts (``HostContext.peers``) whose
+``current`` is the release this host ran before; their histograms and counters are pooled. Each check
+fails when the canary's value is more than ``max_ratio`` times the baseline's, or when either side
+finished fewer than ``min_requests``; the line says both numbers. A failure takes the workers out of
+rotation again before the host rolls back.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fleetctl.probes import prometheus as prom
 from fleetctl.release import drain, metric_threshold
 from fleetctl.release import instances as insts
 from fleetctl.release.gates import GateResult
-from fleetctl.release.health_spec import CanaryBaseline, CanaryCheck, Health
+from fleetctl.release.health_spec import CanaryBaseline, CanaryCheck, Health, Threshold
 from fleetctl.release.service import HostLayout, control, layout_for, listen
 from fleetctl.release.spec import ReleaseSpec
 from fleetctl.transport.base import HostSession
@@ -40,7 +41,12 @@ class Server:
 
     name: str | None
     port: int
-    baseline: CanaryBaseline
+    baseline: CanaryBaseline | None = None
+    thresholds: tuple[Threshold, ...] = ()  # the ones with a window: read under live traffic
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}: " if self.name else ""
 
 
 def label(check: CanaryCheck) -> str:
@@ -118,6 +124,8 @@ def analyse(session: HostSession, servers: list[Server], previous: str,
     """One gate per server: its canary window against the baseline hosts' (module docstring)."""
     out = []
     for server in servers:
+        if server.baseline is None:
+            continue
         name = f"canary vs hosts on {previous}" + (f" ({server.name})" if server.name else "")
         start = time.monotonic()
         peers, skipped = baseline_hosts(session, previous, server.name)
@@ -147,31 +155,55 @@ def servers_of(spec: ReleaseSpec, layout: HostLayout) -> list[tuple[str | None, 
 
 
 def live(spec: ReleaseSpec, layout: HostLayout) -> list[Server]:
-    return [Server(name, port, health.canary.baseline) for name, port, health in servers_of(spec, layout)
-            if health.canary is not None and health.canary.baseline is not None]
+    """The servers with gates that need live traffic: a canary ``baseline``, thresholds with a ``window``."""
+    out = []
+    for name, port, health in servers_of(spec, layout):
+        baseline = health.canary.baseline if health.canary is not None else None
+        windowed = tuple(t for t in health.thresholds if t.live)
+        if baseline is not None or windowed:
+            out.append(Server(name, port, baseline, windowed))
+    return out
+
+
+def windowed(session: HostSession, servers: list[Server], sleep: Callable[[float], None]) -> list[GateResult]:
+    """Each server's thresholds with a window, in order, until one fails."""
+    out = []
+    for server in servers:
+        for t in server.thresholds:
+            start = time.monotonic()
+            name, ok, detail = metric_threshold.metric_gate(session, t, server.port, sleep)
+            out.append(GateResult(server.prefix + name, ok, detail, time.monotonic() - start))
+            if not ok:
+                return out
+    return out
 
 
 def run(session: HostSession, servers: list[Server], previous: str | None,
         sleep: Callable[[float], None] = time.sleep) -> list[GateResult]:
-    """The live canary of every server given: into rotation behind the host's gateways, measured, and
-    out again on failure (a gateway that fails meanwhile fails the canary: the host still rolls back).
-    No ``previous`` (a first deploy): nothing to compare with."""
-    if not servers or previous is None:
+    """The gates that need live traffic, once every server passed the others: behind the host's gateways
+    its workers go into rotation first, and out again on a failure (a gateway that fails meanwhile
+    fails the gates: the host still rolls back). The windowed thresholds, then the canary (none
+    without ``previous``, a first deploy: nothing to compare with)."""
+    canary = previous is not None and any(s.baseline is not None for s in servers)
+    if not canary and not any(s.thresholds for s in servers):
         return []
     gateways = gateways_of(session.name, session.vars)
     ports = [s.port for s in servers]
     steps: list[GateResult] = []
     try:
-        steps += [replace(g, name=g.name.replace("back in", "in rotation for the canary:"))
+        steps += [replace(g, name=g.name.replace("back in ", "in rotation for the live gates: "))
                   for g in (drain.put_back(session, gateways, ports) if gateways else [])]
-        steps += analyse(session, servers, previous, sleep)
+        steps += windowed(session, servers, sleep)
+        if canary and previous is not None and all(g.ok for g in steps):
+            steps += analyse(session, servers, previous, sleep)
     except HostError as exc:
-        steps.append(GateResult("canary: gateway", False, exc.reason))
+        steps.append(GateResult("live gates: gateway", False, exc.reason))
     if gateways and not all(g.ok for g in steps):
         try:
             steps += drain.take_out(session, gateways, ports)
         except HostError as exc:
-            steps.append(GateResult("canary: gateway", False, f"could not take the workers out again: {exc.reason}"))
+            steps.append(GateResult("live gates: gateway", False,
+                                    f"could not take the workers out again: {exc.reason}"))
     return steps
 
 
@@ -182,8 +214,9 @@ def planned(spec: ReleaseSpec, layout: HostLayout) -> list[GateResult]:
         who = f"{name}: " if name else ""
         for t in health.thresholds:
             if t.metric is not None:
+                when = " (in rotation, after the other gates)" if t.live else ""
                 out.append(GateResult(f"{who}threshold: would read", True,
-                                      f"GET {t.asked} on port {port}: {metric_threshold.gate_name(t)}"))
+                                      f"GET {t.asked} on port {port}: {metric_threshold.gate_name(t)}{when}"))
         cfg = health.canary.baseline if health.canary is not None else None
         if cfg is not None:
             checks = ", ".join(f"{label(c)} at most {c.max_ratio:g}x" for c in cfg.checks)
