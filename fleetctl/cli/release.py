@@ -112,6 +112,15 @@ def mark_failed(results: dict[str, HostResult[Any]], ok: Any, reason: Any) -> No
             res.status, res.reason = Status.FAILED, reason(res.value)
 
 
+def print_metrics_read(results: dict[str, HostResult[Any]]) -> None:
+    """Check mode: the metrics each host's gates would read (``release/live_canary.planned``), one line each."""
+    out = render.console()
+    for name, res in results.items():
+        for gate in getattr(res.value, "gates", None) or []:
+            if gate.name.endswith(("threshold: would read", "canary: would compare")):
+                out.print(render.cell(f"{name}: {gate.name}: {gate.detail}"), soft_wrap=True)
+
+
 def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff: bool) -> None:
     out = render.console()
     rows = []
@@ -138,6 +147,7 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
     print_broken_locks(results)
     print_notes({name: res.value.note for name, res in results.items() if res.value is not None})
     print_gateway_steps(results)
+    print_metrics_read(results)
     render.print_failures(results)
     out.print(render.summary_line(results))
 

@@ -184,6 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-algorithm", default=None, help="e.g. DFLASH or DDTREE (none by default)")
     p.add_argument("--accept-length", type=float, default=3.2, help="tokens accepted per verify step")
     p.add_argument("--decode-tps", type=float, default=400.0, help="decode tokens per second of one request")
+    p.add_argument("--prefill-delay", type=float, default=0.0, help="seconds before the first token (prefill)")
     p.add_argument("--enable-metrics", action="store_true", help="serve /metrics (as SGLang's flag)")
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds /health answers 503 after start")
     p.add_argument("--bind-delay", type=float, default=0.0,
@@ -267,6 +268,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
     opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
+    opts.prefill_delay = args.standin_prefill_delay
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
     return opts
@@ -278,6 +280,7 @@ def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> N
     p.add_argument("--standin-health-status", type=int, default=opts.health_status)
     p.add_argument("--standin-accept-length", type=float, default=opts.accept_length)
     p.add_argument("--standin-decode-tps", type=float, default=opts.decode_tps)
+    p.add_argument("--standin-prefill-delay", type=float, default=getattr(opts, "prefill_delay", 0.0))
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
     p.add_argument("--standin-bind-delay", type=float, default=opts.bind_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)

@@ -118,6 +118,7 @@ def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], kin
     tokens, prompt = asked(body, kind)
     start = last = time.monotonic()
     ttft, itl = 0.0, []
+    time.sleep(getattr(opts, "prefill_delay", 0.0))  # the time to first token beyond one decode step
     for i in range(1, tokens + 1):
         time.sleep(1.0 / opts.decode_tps)
         now = time.monotonic()
@@ -209,7 +210,8 @@ def metrics(opts: argparse.Namespace, served: Served) -> str:
            [f"sglang:gen_throughput{{{label}}} 0.0"])
     for name, doc, value in (("prompt_tokens", "Number of prefill tokens processed.", prompt),
                              ("generation_tokens", "Number of generation tokens processed.", tokens),
-                             ("num_requests", "Number of requests processed.", requests)):
+                             ("num_requests", "Number of requests processed.", requests),
+                             ("num_aborted_requests", "Number of requests aborted.", 0)):  # it never aborts
         family(f"sglang:{name}_total", "counter", doc, [f"sglang:{name}_total{{{label}}} {float(value)}"])
     lines += histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                        label, TTFT_BUCKETS, ttft)

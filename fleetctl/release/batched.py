@@ -72,6 +72,9 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
             refused = {h: r for h, r in fleet.map(claims.claim, names=names).items() if not r.ok}
         for b, batch in enumerate(plan):
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
+            others = [h for h in names if h not in batch]  # a live canary's baseline hosts are among these
+            for host in batch:
+                fleet.contexts[host].peers = functools.partial(_contexts, fleet, others)
             results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command,
                                                   refused=refused), names=batch)
             failed = [h for h in batch if not ok(results[h])]
@@ -99,6 +102,10 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
         journal.event("run_end", status=status, recap=recap)
         journal.close()
     return run
+
+
+def _contexts(fleet: Fleet, names: list[str]) -> list[HostContext]:
+    return [fleet.contexts[n] for n in names if not fleet.contexts[n].unreachable]
 
 
 def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str,

@@ -18,7 +18,7 @@ from packaging.specifiers import SpecifierSet
 
 from fleetctl.errors import HostError, RemoteOperationError
 from fleetctl.release import gateway_steps as gateway
-from fleetctl.release import identity, reconfig, servers
+from fleetctl.release import identity, live_canary, reconfig, servers
 from fleetctl.release import instances as insts
 from fleetctl.release import patches as patchlib
 from fleetctl.release import stage as stagelib
@@ -90,6 +90,7 @@ def deploy_host(session: HostSession, spec: ReleaseSpec, loaded: Loaded, check: 
                                             patched_overlay(base["site"], files))
             switches = result.plan != "unchanged" and not stage_only
             result.gates = gateway.deploy_plan(session, spec, layout) if switches else []
+            result.gates += live_canary.planned(spec, layout)  # the metrics the gates would read
             return result
         if stage_only:
             result.staged = stagelib.find_staged(session, spec, layout).release_id == rid  # staged before
@@ -187,10 +188,14 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
                 result.restart_error = failed
                 return roll_back_after_failure(session, spec, layout, result, holder)
         gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
-                          baseline, inst.name)
+                          baseline, inst.name, live_later=True)
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)
+    live = live_canary.run(session, live_canary.live(spec, layout), baseline)  # every server gated: in rotation
+    result.gates += live
+    if not all(g.ok for g in live):
+        return roll_back_after_failure(session, spec, layout, result, holder)
     try:
         reconfig.verdict(session, layout, rid, True)
     except RemoteOperationError as exc:  # a pass not recorded is no pass: back, as after a failed gate

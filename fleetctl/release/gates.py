@@ -19,8 +19,9 @@ from fleetctl.probes.http import HttpRequest, field_value, probe_http
 from fleetctl.probes.imports import ImportRequest, probe_import
 from fleetctl.probes.symbols import SymbolRequest, symbol_host
 from fleetctl.release import warmup
+from fleetctl.release.metric_threshold import bounds, metric_gate
 from fleetctl.release.service import HostLayout, control
-from fleetctl.release.spec import Health
+from fleetctl.release.spec import Health, Threshold
 from fleetctl.transport.base import HostSession
 
 
@@ -38,10 +39,13 @@ class GateResult:
 
 def run_gates(session: HostSession, health: Health, layout: HostLayout, port: int,
               release_id: str | None = None, previous: str | None = None,
-              instance: str | None = None) -> list[GateResult]:
+              instance: str | None = None, live_later: bool = False) -> list[GateResult]:
     """``gate_in_order``, where a step that breaks on the host (a full disk, a remote error) is a
-    failed gate: the caller has switched, and rolls back on any failure after the switch."""
+    failed gate: the caller has switched, and rolls back on any failure after the switch.
+    ``live_later``: the thresholds with a window are left to ``live_canary.run`` (read in rotation)."""
     results: list[GateResult] = []
+    if live_later:
+        health = health.model_copy(update={"thresholds": [t for t in health.thresholds if not t.live]})
     try:
         gate_in_order(results, session, health, layout, port, release_id, previous, instance)
     except (RemoteOperationError, CommandError) as exc:
@@ -88,10 +92,10 @@ def gate_in_order(results: list[GateResult], session: HostSession, health: Healt
         if not ok:
             return
     for threshold in health.thresholds:
-        results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port))
+        results.append(threshold_gate(session, threshold, port))
         if not results[-1].ok:
             return
-    if health.canary is not None and measured is not None:
+    if health.canary is not None and health.canary.uses_warmup and measured is not None:
         ok, detail = warmup.judge(health.canary, measured, before, previous)
         results.append(GateResult(f"canary vs {previous or 'nothing before'}", ok, detail, 0.0,
                                   {"now": measured, "before": before}))
@@ -165,11 +169,14 @@ def probe_gate(session: HostSession, symbol: str | None, target: str | None, pac
     return GateResult(name, found == want, "found" if found else "not found")
 
 
-def threshold_gate(session: HostSession, path: str, field: str, low: float | None, high: float | None,
-                   port: int) -> GateResult:
-    bounds = [f">= {low:g}"] if low is not None else []
-    bounds += [f"<= {high:g}"] if high is not None else []
-    name = " ".join([path, field, *bounds])
+def threshold_gate(session: HostSession, threshold: Threshold, port: int) -> GateResult:
+    """A field of a JSON answer, or a metric of ``/metrics`` (``metric_threshold.py``), within bounds."""
+    if threshold.metric is not None:
+        start = time.monotonic()
+        name, ok, detail = metric_gate(session, threshold, port)
+        return GateResult(name, ok, detail, time.monotonic() - start)
+    path, field, low, high = threshold.asked, threshold.field or "", threshold.min, threshold.max
+    name = " ".join([path, field, *bounds(threshold)])
     answer = probe_http(session, HttpRequest(path, port=port))
     if answer.status != 200 or not answer.has_json:
         return GateResult(name, False, f"{path} answered {answer.status or answer.error_kind}")

@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleetctl import yamlfile
 from fleetctl.models.spec import ModelRef, Models, refs
+from fleetctl.release.health_spec import Canary as Canary  # re-exported: the gates import them from here
+from fleetctl.release.health_spec import Health, Strict
+from fleetctl.release.health_spec import ProbeGate as ProbeGate
+from fleetctl.release.health_spec import Threshold as Threshold
+from fleetctl.release.health_spec import Warmup as Warmup
 
 SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
-class _Strict(BaseModel):
-    # A docstring under a field is its meaning: the release-spec reference is generated from them.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+_Strict = Strict  # the health gates' models are in health_spec.py (this module stays under 400 lines)
 
 
 class Base(_Strict):
@@ -62,85 +65,6 @@ class PatchRef(_Strict):
             raise ValueError("give either file (with distribution and version) or series")
         if self.file is not None and not (self.distribution and self.version):
             raise ValueError("a patch file needs the distribution and version it was made for")
-        return self
-
-
-class ProbeGate(_Strict):
-    symbol: str | None = None
-    """A symbol that must be defined in ``package`` (``SpeculativeAlgorithm.DDTREE``)."""
-    import_: str | None = Field(default=None, alias="import")
-    """A module (``MODULE[:ATTR]``) that must import in the release's venv."""
-    package: str = "sglang"
-    """The installed package ``symbol`` is looked for in."""
-    expect: Literal["present", "absent"] = "present"
-    """Whether the symbol or import must be there or must not."""
-
-    @model_validator(mode="after")
-    def _one(self) -> ProbeGate:
-        if (self.symbol is None) == (self.import_ is None):
-            raise ValueError("a probe gate is either symbol: NAME or import: MODULE[:ATTR]")
-        return self
-
-
-class Threshold(_Strict):
-    field: str
-    """A dotted field of the JSON answer (``internal_states.0.avg_spec_accept_length``)."""
-    path: str = "/server_info"
-    """The server path asked."""
-    min: float | None = None
-    """The gate fails below this."""
-    max: float | None = None
-    """The gate fails above this."""
-
-
-class Warmup(_Strict):
-    """Generations sent once /health is 200, before the thresholds are read: a fresh SGLang has no
-    acceptance length until it has served a speculative decode step."""
-
-    requests: int = Field(default=3, ge=1, le=100)
-    """Generations sent."""
-    max_tokens: int = Field(default=64, ge=1, le=4096)
-    """Tokens asked of each generation."""
-    prompt: str = "Explain speculative decoding in one paragraph."
-    """The prompt sent."""
-    path: str = "/generate"
-    """The server path (``/generate`` or ``/v1/completions``)."""
-    timeout: float = Field(default=120.0, gt=0)
-    """Seconds the warm-up may take."""
-
-
-class Canary(_Strict):
-    """Canary analysis on the warm-up's numbers: no worse than ``max_regression_percent`` below
-    the release that ran before on this host, and above the absolute floors."""
-
-    max_regression_percent: float | None = Field(default=None, ge=0, le=100)
-    """How much worse than the release that ran before (acceptance length, decode tokens/s) is allowed."""
-    min_accept_length: float | None = Field(default=None, ge=0)
-    """The lowest speculative acceptance length allowed."""
-    min_decode_tps: float | None = Field(default=None, ge=0)
-    """The lowest decode tokens/s allowed."""
-
-
-class Health(_Strict):
-    path: str = "/health"
-    """The path that must answer 200 after a restart."""
-    timeout: float = Field(default=300.0, gt=0)
-    """Seconds to wait for it (a model's load included)."""
-    interval: float = Field(default=1.0, gt=0)
-    """Seconds between two asks."""
-    probes: list[ProbeGate] = Field(default_factory=list)
-    """Probes of the installed release that must pass."""
-    warmup: Warmup | None = None
-    """Generations sent before the thresholds are read (needed by ``canary``)."""
-    thresholds: list[Threshold] = Field(default_factory=list)
-    """Bounds on fields of the server's JSON answers."""
-    canary: Canary | None = None
-    """The warm-up's numbers compared with the release that ran before on the host."""
-
-    @model_validator(mode="after")
-    def _canary_measures(self) -> Health:
-        if self.canary is not None and self.warmup is None:
-            raise ValueError("canary compares the warm-up's numbers: give health.warmup too")
         return self
 
 

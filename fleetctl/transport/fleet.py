@@ -84,6 +84,8 @@ class HostContext:
         self.agent: AgentClient | MuxAgentClient = _agent(host, connector, settings)
         self.unreachable: str | None = None
         self.aborting: Callable[[], bool] = _never  # a run's second Ctrl-C (playbook runner binds it)
+        # The run's other hosts, for a live canary's baseline (release/live_canary.py; batched runs bind it).
+        self.peers: Callable[[], list[HostContext]] = list
 
     def call(
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
