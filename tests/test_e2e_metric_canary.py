@@ -132,3 +132,20 @@ def test_a_canary_as_fast_as_the_old_hosts_passes_each_against_the_hosts_not_yet
     assert details["lab3"] == f"no other host of this run serves {old}: nothing to compare with"
     assert [current(lab_mc, h) for h in HOSTS] == [new] * 3
     assert (tally.failed, tally.truncated) == ([], [])
+
+
+def test_the_playbook_release_module_compares_its_canary_with_the_plays_hosts_still_on_the_old_release(
+        lab_mc: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    before = current(lab_mc, "lab1")
+    assert [current(lab_mc, h) for h in HOSTS] == [before] * 3
+    book = tmp_path / "canary.yml"
+    book.write_text(yaml.safe_dump([{"name": "slow", "hosts": "all", "serial": 1,
+                                     "tasks": [{"name": "deploy", "release": str(lab_mc["slow"])}]}], sort_keys=False))
+    with streaming_load(lab_mc["url"], clients=4, tokens=20) as tally:
+        r = run_cli(capsys, "-i", str(lab_mc["inv"]), "-l", "all", "run", str(book), "--json")
+    assert r.rc == 2, r.out + r.err
+    gates = {g["name"]: g for g in r.json()["results"]["lab1"][0]["data"]["gates"]}
+    canary = gates[f"canary vs hosts on {before}"]
+    assert not canary["ok"] and "on lab2, lab3 (" in canary["detail"], canary
+    assert [current(lab_mc, h) for h in HOSTS] == [before] * 3
+    assert (tally.failed, tally.truncated) == ([], [])

@@ -37,6 +37,7 @@ from fleetctl.playbook.play_schema import Play, Playbook
 from fleetctl.playbook.schema import Task
 from fleetctl.playbook.state import PlaybookStopped, Rollout, RunOptions
 from fleetctl.playbook.tasks import TaskRunner
+from fleetctl.release.batched import reachable_contexts
 from fleetctl.release.ownership import RunClaims
 from fleetctl.runs import journal as journal_mod
 from fleetctl.runs import rollout
@@ -198,6 +199,9 @@ class Runner(TaskRunner):
             capacity.check_capacity(self, rollout_, b, hosts)
             self.emit("batch_start", play=play.index, batch=b + 1, batches=len(rollout_.plan), hosts=batch)
             rollout_.attempted += batch
+            others = [h for h in hosts if h not in batch]  # a live canary's baseline hosts are among these
+            for host in batch:
+                self.fleet.contexts[host].peers = partial(reachable_contexts, self.fleet, others)
             try:
                 failed = self.run_batch(play, items, b, batch)
             except capacity.DeadlineExceeded as exc:

@@ -74,7 +74,7 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
             others = [h for h in names if h not in batch]  # a live canary's baseline hosts are among these
             for host in batch:
-                fleet.contexts[host].peers = functools.partial(_contexts, fleet, others)
+                fleet.contexts[host].peers = functools.partial(reachable_contexts, fleet, others)
             results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command,
                                                   refused=refused), names=batch)
             failed = [h for h in batch if not ok(results[h])]
@@ -104,7 +104,8 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
     return run
 
 
-def _contexts(fleet: Fleet, names: list[str]) -> list[HostContext]:
+def reachable_contexts(fleet: Fleet, names: list[str]) -> list[HostContext]:
+    """The contexts of ``names`` still reachable: a live canary's baseline hosts (``HostContext.peers``)."""
     return [fleet.contexts[n] for n in names if not fleet.contexts[n].unreachable]
 
 

@@ -112,6 +112,7 @@ class RunServices:
                 self._as[key].aborting = self.abort.is_set
             view = self._as[key]
         view.vars = base.vars
+        view.peers = base.peers  # the batch's baseline hosts (a live canary), set on the plain session
         return view
 
     def close(self) -> None:
