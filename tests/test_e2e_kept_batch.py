@@ -14,9 +14,11 @@ from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fa
 from lab_support import LabHandle
 from sglang_support import ML_VENV
 
+from fleetctl.errors import RemoteOperationError
 from fleetctl.facts import collect_facts
 from fleetctl.inventory import load_inventory
 from fleetctl.transport import mux
+from fleetctl.transport.base import Step
 from fleetctl.transport.fleet import Fleet, RunSettings
 
 pytestmark = pytest.mark.lab
@@ -108,5 +110,11 @@ def test_each_round_of_requests_is_one_frame_for_the_whole_fleet(sglang_lab: Lab
         assert fleet.kept_frames == 2  # every host's facts, then every host's venv packages
         echo = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"}))
         assert fleet.kept_frames == 3 and len({r.value["pid"] for r in echo.values() if r.value}) == 3
+        steps = [Step("selftest", {"action": "echo"}), Step("selftest", {"action": "raise", "message": "no"})]
+        seq = fleet.map(lambda ctx: ctx.sequence(steps))
+        assert fleet.kept_frames == 4
+    for host, res in seq.items():  # one agent per host, the same one as the pass before; the failure its own
+        assert res.value is not None and res.value[0]["pid"] == echo[host].value["pid"]
+        assert isinstance(res.value[1], RemoteOperationError) and res.value[1].host == host
     assert {h: r.value.venv.packages["sglang"] for h, r in facts.items() if r.value and r.value.venv} == {
         "lab1": "0.5.23", "lab2": "0.5.9", "lab3": "0.5.23"}

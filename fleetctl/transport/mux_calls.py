@@ -82,6 +82,7 @@ class KeptRounds:
     sock: socket.socket | None = None
     broken: str | None = None  # the server failed: every later request of this pass fails alike
     frames: int = 0
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # each host's target, as sent
 
     def run(self, fleet: Fleet, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
         agent = ctx.agent
@@ -126,15 +127,16 @@ class KeptRounds:
         self.cond.notify_all()
 
     def _exchange(self, batch: list[_Slot]) -> list[dict[str, Any]]:
-        hosts = [{"host": s.agent.host, "target": mux.target_doc(s.agent.target),
-                  "interpreters": s.agent.interpreters, "request": s.msg} for s in batch]
+        sources: dict[str, str] = {}  # a module's text once per frame, not once per host
+        hosts = [{"host": s.agent.host, "target": self._target(s.agent),
+                  "interpreters": s.agent.interpreters, "request": _sources_out(s.msg, sources)} for s in batch]
         answers: list[dict[str, Any]] = []
         try:
             if self.broken is None:
                 if self.sock is None:
                     self.sock = mux.connect(batch[0].agent.path, self.persist)
-                mux.send_frame(self.sock, {"op": "call_many", "hosts": hosts, "persist": self.persist,
-                                           "forks": self.forks})
+                mux.send_frame(self.sock, {"op": "call_many", "hosts": hosts, "sources": sources,
+                                           "persist": self.persist, "forks": self.forks})
                 self.frames += 1
                 while len(answers) < len(batch):
                     answer = mux.recv_frame(self.sock)
@@ -146,10 +148,39 @@ class KeptRounds:
         failed = {"ok": False, "error": {"class": "AgentError", "reason": self.broken}}
         return answers + [failed] * (len(batch) - len(answers))
 
+    def _target(self, agent: mux.MuxAgentClient) -> dict[str, Any]:
+        doc = self.targets.get(agent.host)
+        if doc is None:
+            doc = self.targets[agent.host] = mux.target_doc(agent.target)
+        return doc
+
     def close(self) -> None:
         if self.sock is not None:  # the server releases every host this pass held (the hosts stay kept)
             self.sock.close()
             self.sock = None
+
+
+def _sources_out(msg: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    """``msg`` with each module's source named by its hash, the text kept in ``sources``."""
+    if msg.get("op") == "call":
+        sources[msg["hash"]] = msg["source"]
+        return {**msg, "source": None}
+    if msg.get("op") == "sequence":
+        steps = []
+        for step in msg["steps"]:
+            text, digest = step["source"]
+            sources[digest] = text
+            steps.append({**step, "source": [None, digest]})
+        return {**msg, "steps": steps}
+    return msg
+
+
+def _sources_in(msg: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    if msg.get("op") == "call":
+        return {**msg, "source": sources[msg["hash"]]}
+    if msg.get("op") == "sequence":
+        return {**msg, "steps": [{**s, "source": [sources[s["source"][1]], s["source"][1]]} for s in msg["steps"]]}
+    return msg
 
 
 # -- server --------------------------------------------------------------------------------------
@@ -183,8 +214,9 @@ def _serve_frame(server: mux_server.MuxServer, conn: socket.socket, msg: dict[st
     server.persist = max(server.persist, float(msg.get("persist") or 0))
     threads = max(1, min(len(hosts), int(msg.get("forks") or 32), SERVER_THREADS))
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mux-calls") as pool:
-        futures = [pool.submit(_answer, server, h, held.setdefault(h["host"], _Held()), msg.get("persist"))
-                   for h in hosts]
+        sources = dict(msg.get("sources") or {})
+        futures = [pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
+                               held.setdefault(h["host"], _Held()), msg.get("persist")) for h in hosts]
         try:
             for future in futures:
                 mux.send_frame(conn, future.result())
