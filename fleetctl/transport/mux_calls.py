@@ -196,12 +196,14 @@ def serve_call_many(server: mux_server.MuxServer, conn: socket.socket, msg: dict
     """Answer ``msg`` and every later ``call_many`` frame of this connection (one command's pass),
     holding each host between frames as one host's session does; released when the command goes."""
     held: dict[str, _Held] = {}
+    threads = max(1, min(int(msg.get("forks") or 32), SERVER_THREADS))  # started as the frames need them
     try:
-        while msg is not None:
-            if msg.get("op") != "call_many":
-                raise ValueError(f"only call_many may follow call_many, not {msg.get('op')!r}")
-            _serve_frame(server, conn, msg, held)
-            msg = mux.recv_frame(conn)
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mux-calls") as pool:  # one per pass
+            while msg is not None:
+                if msg.get("op") != "call_many":
+                    raise ValueError(f"only call_many may follow call_many, not {msg.get('op')!r}")
+                _serve_frame(server, conn, msg, held, pool)
+                msg = mux.recv_frame(conn)
     finally:
         for one in held.values():
             if one.kept is not None:
@@ -209,21 +211,18 @@ def serve_call_many(server: mux_server.MuxServer, conn: socket.socket, msg: dict
 
 
 def _serve_frame(server: mux_server.MuxServer, conn: socket.socket, msg: dict[str, Any],
-                 held: dict[str, _Held]) -> None:
-    hosts = list(msg["hosts"])
+                 held: dict[str, _Held], pool: ThreadPoolExecutor) -> None:
     server.persist = max(server.persist, float(msg.get("persist") or 0))
-    threads = max(1, min(len(hosts), int(msg.get("forks") or 32), SERVER_THREADS))
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mux-calls") as pool:
-        sources = dict(msg.get("sources") or {})
-        futures = [pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
-                               held.setdefault(h["host"], _Held()), msg.get("persist")) for h in hosts]
-        try:
-            for future in futures:
-                mux.send_frame(conn, future.result())
-        except OSError:  # the command went away: the requests not yet started are not made
-            for future in futures:
-                future.cancel()
-            raise
+    sources = dict(msg.get("sources") or {})
+    futures = [pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
+                           held.setdefault(h["host"], _Held()), msg.get("persist")) for h in msg["hosts"]]
+    try:
+        for future in futures:
+            mux.send_frame(conn, future.result())
+    except OSError:  # the command went away: the requests not yet started are not made
+        for future in futures:
+            future.cancel()
+        raise
 
 
 def _answer(server: mux_server.MuxServer, host: dict[str, Any], held: _Held, persist: Any) -> dict[str, Any]:
