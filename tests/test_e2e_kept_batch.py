@@ -3,7 +3,10 @@ and every command's ``--json`` answer the same as over fresh connections (lab, r
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,3 +121,20 @@ def test_each_round_of_requests_is_one_frame_for_the_whole_fleet(sglang_lab: Lab
         assert isinstance(res.value[1], RemoteOperationError) and res.value[1].host == host
     assert {h: r.value.venv.packages["sglang"] for h, r in facts.items() if r.value and r.value.venv} == {
         "lab1": "0.5.23", "lab2": "0.5.9", "lab3": "0.5.23"}
+
+
+def test_a_server_that_dies_between_rounds_fails_each_host_and_the_pass_ends(sglang_lab: LabHandle,
+                                                                            mux_dir: Path) -> None:
+    inv = load_inventory(sglang_lab.inventory_path)
+
+    def two_rounds(ctx: Any) -> Any:
+        ctx.call("selftest", {"action": "echo"})
+        for pid_file in mux_dir.glob("*.pid"):  # every host gets here before the second round goes out
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        return ctx.call("selftest", {"action": "echo"})
+
+    with Fleet(inv, inv.select("all"), RunSettings(persist=60)) as fleet:
+        results = fleet.map(two_rounds)
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(sglang_lab.hosts, "failed")
+    assert all("persistent-connection server failed" in r.reason for r in results.values()), results
