@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,19 @@ def test_a_server_that_dies_between_rounds_fails_each_host_and_the_pass_ends(sgl
         results = fleet.map(two_rounds)
     assert {h: r.status for h, r in results.items()} == dict.fromkeys(sglang_lab.hosts, "failed")
     assert all("persistent-connection server failed" in r.reason for r in results.values()), results
+
+
+def test_host_functions_that_wait_on_each_other_still_finish(sglang_lab: LabHandle, mux_dir: Path) -> None:
+    """One host's function holds a lock while its request waits for the frame; the other's waits
+    for that lock, so it never asks: the request goes alone (after mux_calls.STALL_S), not never."""
+    inv = load_inventory(sglang_lab.inventory_path)
+    lock = threading.Lock()
+
+    def one_at_a_time(ctx: Any) -> Any:
+        with lock:
+            return ctx.call("selftest", {"action": "echo"})["pid"]
+
+    with Fleet(inv, inv.select("lab1,lab2"), RunSettings(persist=60)) as fleet:
+        results = fleet.map(one_at_a_time)
+        assert fleet.kept_frames == 2  # one host's request per frame
+    assert all(r.ok for r in results.values()), results

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 CLIENT_THREADS = 512  # host functions alive at once: each only waits for its turn in a frame
 SERVER_THREADS = 64  # as mux_batch: round trips overlap, the GIL bounds the rest
+STALL_S = 5.0  # a request waits at most this long for host functions that neither ask nor finish
 
 
 # -- client --------------------------------------------------------------------------------------
@@ -82,6 +83,7 @@ class KeptRounds:
     sock: socket.socket | None = None
     broken: str | None = None  # the server failed: every later request of this pass fails alike
     frames: int = 0
+    flushing: bool = False
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # each host's target, as sent
 
     def run(self, fleet: Fleet, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
@@ -106,25 +108,39 @@ class KeptRounds:
             self.waiting[agent.host] = slot
             self._flush_if_all_wait()
             while slot.answer is None:
-                self.cond.wait()
+                if not self.cond.wait(STALL_S) and slot.answer is None and not self.flushing:
+                    # A host function that waits on something else (a lock another host's function
+                    # holds while it waits here) would wait forever: what waits goes now.
+                    self._flush()
         return slot.answer
 
-    def _flush_if_all_wait(self) -> None:
-        """Send the frame when no host function could still add a request to it (lock held):
-        every running one waits, and no host is left to start or every worker is taken."""
+    def _all_wait(self) -> bool:
+        """No host function could still add a request to the frame: every running one waits, and no
+        host is left to start or every worker is taken."""
         if not self.waiting or len(self.waiting) < self.running:
-            return
-        if self.started < self.total and self.running < self.workers:
-            return
-        batch, self.waiting = list(self.waiting.values()), {}
-        self.cond.release()  # the frame's round trips happen with the others free to finish
-        try:
-            answers = self._exchange(batch)
-        finally:
-            self.cond.acquire()
-        for slot, answer in zip(batch, answers, strict=True):
-            slot.answer = answer
-        self.cond.notify_all()
+            return False
+        return self.started >= self.total or self.running >= self.workers
+
+    def _flush_if_all_wait(self) -> None:
+        if not self.flushing and self._all_wait():
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send what waits as one frame (lock held), and again while all wait once it is back."""
+        while self.waiting:
+            batch, self.waiting = list(self.waiting.values()), {}
+            self.flushing = True  # one frame at a time on the socket
+            self.cond.release()  # the frame's round trips happen with the others free to finish
+            try:
+                answers = self._exchange(batch)
+            finally:
+                self.cond.acquire()
+                self.flushing = False
+            for slot, answer in zip(batch, answers, strict=True):
+                slot.answer = answer
+            self.cond.notify_all()
+            if not self._all_wait():
+                return
 
     def _exchange(self, batch: list[_Slot]) -> list[dict[str, Any]]:
         sources: dict[str, str] = {}  # a module's text once per frame, not once per host
