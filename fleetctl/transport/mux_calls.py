@@ -43,12 +43,13 @@ def map_kept(fleet: Fleet, fn: Callable[[HostContext], T], names: list[str]) -> 
     """``fn`` on every host of ``names``; the kept hosts' requests batched (module doc)."""
     kept = [n for n in names if isinstance(fleet.contexts[n].agent, mux.MuxAgentClient)]
     results: dict[str, HostResult[T]] = {}
-    others = [n for n in names if n not in set(kept)]
+    kept_set = set(kept)
+    others = [n for n in names if n not in kept_set]
     if others:
         results.update(fleet.map_threads(fn, others))
     if kept:
         rounds = KeptRounds(fleet.settings.persist, fleet.settings.forks, workers=min(len(kept), CLIENT_THREADS),
-                         total=len(kept))
+                            total=len(kept))
         try:
             with ThreadPoolExecutor(max_workers=rounds.workers, thread_name_prefix="fleetctl-kept") as pool:
                 done = list(pool.map(lambda n: rounds.run(fleet, fleet.contexts[n], fn), kept))
