@@ -13,6 +13,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import CliRun, run_cli
@@ -21,6 +22,7 @@ from model_support import MadeModel, make_folder_model, make_hf_cache_model
 
 from fleetctl.models import manifest as mf
 from fleetctl.release.spec import load_spec
+from fleetctl.transport import mux
 
 pytestmark = pytest.mark.lab
 FOLDER, HUB = "/srv/models/tiny", "/srv/hub"
@@ -156,3 +158,23 @@ def test_drift_names_the_host_holding_another_revision(models_lab: ModelsLab, tm
         assert not [f for f in doc["hosts"]["lab1"]["findings"] if f["package"] == "model main"]
     finally:
         models_lab.put_models("lab3")
+
+
+def test_status_over_kept_connections_answers_as_over_fresh_ones(
+        models_lab: ModelsLab, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(tmp_path / "mux"))
+    args = ("-l", "all", "models", "status", str(models_lab.spec), "--json")
+    fresh = models_lab.cli(capsys, *args)
+    try:  # the first run opens the kept connections, the second uses them (requests batched: mux_calls)
+        kept = [models_lab.cli(capsys, "--persist", "60", *args) for _ in range(2)]
+        assert len(mux.server_status(mux.socket_path(tmp_path / "mux")) or []) == len(models_lab.lab.hosts)
+    finally:
+        mux.stop_server(mux.socket_path(tmp_path / "mux"))
+
+    def answers(run: CliRun) -> Any:  # free space moves between any two runs
+        return {h: [{k: v for k, v in m.items() if k != "free_bytes"} for m in doc.get("value") or []]
+                for h, doc in run.json()["hosts"].items()}
+
+    assert fresh.rc == 0, fresh.out + fresh.err
+    assert [(r.rc, answers(r)) for r in kept] == [(0, answers(fresh))] * 2

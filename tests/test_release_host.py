@@ -34,11 +34,53 @@ def host(tmp_path: Path) -> dict[str, Any]:
             "site": str(site)}
 
 
-def build(agent: AgentClient, host: dict[str, Any], rid: str, files: dict[str, str | None]) -> dict[str, Any]:
+def build(agent: AgentClient, host: dict[str, Any], rid: str, files: dict[str, str | None],
+          **extra: Any) -> dict[str, Any]:
     return dict(agent.call("release_host", {
         "op": "build", "root": host["root"], "state_dir": host["state_dir"], "release_id": rid,
         "base_venv": host["base"], "site": host["site"], "files": files, "env_file": "A=1\n",
-        "extra_files": {"service.json": "{}"}, "manifest": {"release_id": rid, "spec_digest": rid}}))
+        "extra_files": {"service.json": "{}"}, "manifest": {"release_id": rid, "spec_digest": rid}, **extra}))
+
+
+def tree(top: Path) -> dict[str, tuple[str, str | bytes, int]]:
+    """Every entry under ``top``: a link's target, a file's bytes, and the mode of each."""
+    out: dict[str, tuple[str, str | bytes, int]] = {}
+    for path in sorted(top.rglob("*")):
+        st = path.lstat()
+        rel = str(path.relative_to(top))
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path), st.st_mode)
+        elif path.is_file():
+            out[rel] = ("file", path.read_bytes(), st.st_mode)
+        else:
+            out[rel] = ("dir", "", st.st_mode)
+    return out
+
+
+def inodes(top: Path) -> dict[str, int]:
+    return {str(p.relative_to(top)): p.lstat().st_ino for p in top.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_a_linked_build_is_byte_identical_to_a_copied_one_and_never_writes_the_base(
+        agent: AgentClient, host: dict[str, Any]) -> None:
+    base, site = Path(host["base"]), Path(host["site"])
+    (site / "pkg" / "same.py").write_text("UNCHANGED = True\n")
+    before = tree(base)
+    patch = {"pkg/mod.py": "VALUE = 2\n", "pkg/added.py": "NEW = True\n"}
+    linked = build(agent, host, "r1", patch)
+    release = Path(host["root"]) / "releases" / "r1"
+    made, shared = tree(release / "venv"), inodes(release / "venv")
+    assert linked["copied"] == 0 and linked["clone"] == f"linked {linked['linked']} files"
+    rel_site = str(site.relative_to(base))
+    assert shared[f"{rel_site}/pkg/same.py"] == (site / "pkg" / "same.py").stat().st_ino  # unchanged: one inode
+    for changed in (f"{rel_site}/pkg/mod.py", "bin/tool"):  # patched, relocated: files of the release's own
+        assert shared[changed] != inodes(base)[changed] and (release / "venv" / changed).stat().st_nlink == 1
+    assert tree(base) == before  # nothing written through a link into the base
+    subprocess.run(["rm", "-rf", str(release)], check=True)
+    copied = build(agent, host, "r1", patch, links=False)
+    assert (copied["linked"], copied["clone"]) == (0, "copied (links off: the spec's base.links is false)")
+    assert tree(release / "venv") == made  # the same bytes, modes and symlinks as the linked build
+    assert not set(inodes(release / "venv").values()) & set(inodes(base).values())
 
 
 def test_clone_links_and_patches_never_touch_shared_inodes(agent: AgentClient, host: dict[str, Any]) -> None:

@@ -128,7 +128,8 @@ def print_deploy(release_id: str, results: dict[str, HostResult[Any]], show_diff
         v = res.value
         failed = v.failed_gate() if v else None
         gates = (f"FAILED {failed.name}" if failed else f"{len(v.gates)} passed") if v and v.gates else ""
-        build = f"{v.build.get('linked', 0)} linked, {v.build.get('copied', 0)} copied" if v and v.build else ""
+        build = (v.build.get("clone") or f"{v.build.get('linked', 0)} linked, {v.build.get('copied', 0)} copied"
+                 if v and v.build else "")
         outcome = (f"would {v.plan}" if v.plan != "unchanged" else "unchanged") if v and v.outcome == "planned" \
             else v.outcome if v else ""
         rows.append([name, render.status_text(res), outcome, v.previous or "-" if v else "", build, gates])

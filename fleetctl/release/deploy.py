@@ -331,6 +331,7 @@ def build(session: HostSession, spec: ReleaseSpec, layout: HostLayout, base: dic
         manifest["kernels"] = kernels.manifest()
     return dict(session.call("release_host", {
         "op": "build", **layout.params(), "release_id": release_id, "base_venv": base["path"],
+        "links": spec.model.base.links,
         "site": base["site"], "files": files, **host_files(session, spec, layout, kernels),
         "manifest": manifest, "kernel_files": kernels.files if kernels else {},
     }, timeout=1800))

@@ -39,6 +39,9 @@ class Base(_Strict):
     """A folder of wheels for ``lock``, uploaded to hosts that lack them (offline install)."""
     python: str | None = None
     """The interpreter a ``lock`` base is created with (default: the host's python3)."""
+    links: bool = True
+    """Hard-link the base's files into each release where both lie on one mount (false: copy them, so a
+    hand edit of the adopted venv in place cannot reach a release); patched files are always new files."""
 
     @model_validator(mode="after")
     def _one_source(self) -> Base:

@@ -177,7 +177,7 @@ def op_build(params):
     started = time.time()
     try:
         venv = os.path.join(tmp, "venv")
-        stats = clone_tree(params["base_venv"], venv)
+        stats = clone_tree(params["base_venv"], venv, os.path.join(final, "venv"), params.get("links", True))
         stats["relocated"] = relocate_clone(venv, params["base_venv"], os.path.join(final, "venv"))
         # base_venv: a base built from a lock goes with the last release that names it (release_bases)
         manifest = dict(params["manifest"], created=time.time(), venv_files={}, base_venv=params["base_venv"])
@@ -237,10 +237,14 @@ def clear_stale_tmp(rels, release_id):
             shutil.rmtree(os.path.join(rels, name), ignore_errors=True)
 
 
-def clone_tree(src, dst):
-    """Hard-link every file of ``src`` into ``dst`` (copy when link() fails: another mount)."""
-    stats = {"linked": 0, "copied": 0}
-    can_link = [True]
+def clone_tree(src, dst, label, links=True):
+    """Hard-link every file of ``src`` into ``dst`` where link() can (one filesystem and one mount),
+    copy it otherwise; ``label``: the path ``dst`` is published as, for the message. Answers the
+    counts and ``clone``, which says which it did and why it copied: it could not link, or it chose
+    not to (``links`` false). A patch never writes through a link: it writes a new file."""
+    stats = {"linked": 0, "copied": 0, "link_limit": 0,
+             "copy_reason": None if links else "links off: the spec's base.links is false"}
+    state = {"link": bool(links), "src": src, "label": label}
     for root, dirs, files in os.walk(src):
         rel = os.path.relpath(root, src)
         target_dir = os.path.normpath(os.path.join(dst, rel))
@@ -251,22 +255,45 @@ def clone_tree(src, dst):
             if os.path.islink(source):
                 os.symlink(os.readlink(source), target)
             elif name in files:
-                clone_file(source, target, can_link, stats)
+                clone_file(source, target, state, stats)
+    stats["clone"] = clone_text(stats)
     return stats
 
 
-def clone_file(source, target, can_link, stats):
-    if can_link[0]:
+def clone_file(source, target, state, stats):
+    if state["link"]:
         try:
             os.link(source, target)
             stats["linked"] += 1
             return
         except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            if exc.errno == errno.EMLINK:  # this inode is at its filesystem's link limit: copy it alone
+                stats["link_limit"] += 1
+            elif exc.errno in (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                state["link"] = False  # the same answer for every other file: copy the rest
+                stats["copy_reason"] = cannot_link(exc, state["src"], state["label"])
+            else:
                 raise
-            can_link[0] = False  # across mount points: copy the rest
     shutil.copy2(source, target)
     stats["copied"] += 1
+
+
+def cannot_link(exc, src, dst):
+    if exc.errno == errno.EXDEV:  # another filesystem, or another mount (a bind mount) of the same one
+        return "cannot link across filesystems: %s and %s" % (src, dst)
+    return "cannot link %s into %s: %s" % (src, dst, os.strerror(exc.errno))
+
+
+def clone_text(stats):
+    """``linked N files``, ``copied (WHY)``, or both, for the deploy table and --json."""
+    parts = ["linked %d files" % stats["linked"]] if stats["linked"] or not stats["copied"] else []
+    if stats["copied"]:
+        why = [stats["copy_reason"]] if stats["copy_reason"] else []
+        if stats["link_limit"]:
+            why.append("%d at their filesystem's link limit" % stats["link_limit"])
+        parts.append("copied" + (" %d files" % stats["copied"] if parts else "")
+                     + (" (%s)" % "; ".join(why) if why else ""))
+    return ", ".join(parts)
 
 
 def relocate_clone(venv, old_prefix, new_prefix):

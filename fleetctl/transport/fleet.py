@@ -162,6 +162,7 @@ class Fleet:
             h.name: HostContext(h, make_connector(inventory, h, self.settings), self.settings) for h in hosts
         }
         self._mapped = False  # a pass ran in this process: its connections are here
+        self.kept_frames = 0  # frames sent to the kept-connection server (one per round of requests)
 
     def __enter__(self) -> Fleet:
         return self
@@ -172,6 +173,11 @@ class Fleet:
     def map(self, fn: Callable[[HostContext], T], names: Iterable[str] | None = None) -> dict[str, HostResult[T]]:
         """``fn`` on every host (or on ``names``, in that order), in parallel."""
         order = sorted(self.contexts) if names is None else list(names)
+        if self.settings.persist > 0:  # kept connections: each round of requests is one frame to their server
+            from fleetctl.transport.mux_calls import map_kept
+
+            self._mapped = True
+            return map_kept(self, fn, order)
         processes = self._processes(len(order))
         if processes > 1:
             from fleetctl.transport.spread import spread_map
@@ -182,6 +188,10 @@ class Fleet:
             spread = dict(zip(order, stream, strict=True))
             self._mapped = True  # a later pass runs here (and keeps its connections for the one after)
             return spread
+        return self.map_threads(fn, order)
+
+    def map_threads(self, fn: Callable[[HostContext], T], order: list[str]) -> dict[str, HostResult[T]]:
+        """``fn`` on the hosts of ``order`` in this process's threads, each host on its own."""
         self._mapped = True
         workers = max(1, min(self.settings.forks, len(order)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:

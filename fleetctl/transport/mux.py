@@ -54,6 +54,7 @@ from fleetctl.transport.agent import AgentInfo, module_source, step_outcome
 from fleetctl.transport.base import Step
 
 if TYPE_CHECKING:
+    from fleetctl.transport.mux_calls import KeptRounds
     from fleetctl.transport.ssh import SSHTarget
 
 PROTOCOL = 1
@@ -61,7 +62,8 @@ MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
-_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_main.py",
+_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_calls.py",
+                _HERE / "mux_main.py",
                 _HERE / "agent.py", _HERE / "ssh.py", _HERE / "channel.py", _HERE / "hostkeys.py",
                 _HERE.parent / "remote" / "agent.py")
 
@@ -219,6 +221,7 @@ class MuxAgentClient:
         self.persist = persist
         self._path = path  # found when first needed: a fleet's ping asks the server once for all hosts
         self.info: AgentInfo | None = None
+        self.batch: KeptRounds | None = None  # set while a fleet pass batches its hosts' requests (mux_calls)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -246,6 +249,14 @@ class MuxAgentClient:
         return self._sock
 
     def _ask(self, msg: dict[str, Any]) -> Any:
+        if self.batch is not None:
+            with self._lock:
+                answer = self.batch.ask(self, msg)
+            if answer.get("info"):  # the server attached this host for the request: its agent's info
+                self.info = AgentInfo(**answer["info"])
+            if not answer.get("ok"):
+                raise_payload(self.host, answer.get("error") or {})
+            return answer.get("result")
         with self._lock:
             sock = self._session()
             try:
@@ -260,7 +271,8 @@ class MuxAgentClient:
 
     def ping(self, timeout: float = 30.0) -> AgentInfo:
         with self._lock:
-            if self._sock is None:  # attaching pings the host's agent (or starts it): that is this ping
+            # attaching pings the host's agent (or starts it): that is this ping
+            if self._sock is None and self.batch is None:
                 self._session()
                 assert self.info is not None
                 return self.info

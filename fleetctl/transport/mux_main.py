@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fleetctl.transport.mux import private_dir
 from fleetctl.transport.mux_batch import serve_ping_many
+from fleetctl.transport.mux_calls import serve_call_many
 from fleetctl.transport.mux_server import MuxServer, log
 
 
@@ -17,7 +18,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
     private_dir(path.parent)
     try:
-        return MuxServer(path, persist, {"ping_many": serve_ping_many}).serve()
+        return MuxServer(path, persist, {"ping_many": serve_ping_many, "call_many": serve_call_many}).serve()
     except OSError as exc:
         log.error("cannot serve on %s: %s", path, exc)
         return 1

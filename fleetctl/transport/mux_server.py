@@ -195,7 +195,7 @@ class MuxServer:
                     batch(self, conn, msg)
                     continue
                 try:
-                    result, kept = self._handle(msg, kept, fresh)
+                    result, kept = self.handle(msg, kept, fresh)
                     send_frame(conn, {"ok": True, "result": result})
                 except Exception as exc:  # the client raises it as the same class
                     if not isinstance(exc, FleetError):
@@ -215,7 +215,7 @@ class MuxServer:
                     kept.users -= 1
                     kept.last_used = time.monotonic()
 
-    def _handle(self, msg: dict[str, Any], kept: KeptHost | None,
+    def handle(self, msg: dict[str, Any], kept: KeptHost | None,
                 fresh: set[tuple[int, str]]) -> tuple[Any, KeptHost | None]:
         op = msg.get("op")
         if op == "attach":

@@ -1,0 +1,157 @@
+"""Kept connections batch every read-only command: one frame to the server per round of requests,
+and every command's ``--json`` answer the same as over fresh connections (lab, real sshd)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import run_cli
+from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fake_smi
+from lab_support import LabHandle
+from sglang_support import ML_VENV
+
+from fleetctl.errors import RemoteOperationError
+from fleetctl.facts import collect_facts
+from fleetctl.inventory import load_inventory
+from fleetctl.transport import mux
+from fleetctl.transport.base import Step
+from fleetctl.transport.fleet import Fleet, RunSettings
+
+pytestmark = pytest.mark.lab
+SMI = ("-e", f"nvidia_smi={FAKE_SMI}", "-e", "gpus_expected=1", "-e", "gpu_model=H200")
+# Fields that measure time (or the caches' age), never what a host answered.
+TIMING = re.compile(r"(_ms|_s|seconds|elapsed|duration|age)$")
+# What moves between any two runs, fresh or kept alike: free disk, available memory, a temporary path.
+GAUGES = ("free", "memory_available", "script_path")
+
+
+@pytest.fixture
+def mux_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    folder = tmp_path / "mux"
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
+    yield folder
+    mux.stop_server(mux.socket_path(folder))
+
+
+@pytest.fixture(scope="module")
+def smi_lab(sglang_lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabHandle]:
+    """The sglang lab; lab2's fake nvidia-smi reports a row remapping pending (a red host)."""
+    scratch = tmp_path_factory.mktemp("fake-smi")
+    for host in sglang_lab.hosts:
+        install_fake_smi(sglang_lab, host, derive("remap-pending") if host == "lab2" else H200_XML, scratch)
+    yield sglang_lab
+    for host in sglang_lab.hosts:
+        remove_fake_smi(sglang_lab, host)
+
+
+def _untimed(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _untimed(v) for k, v in doc.items() if not TIMING.search(str(k)) and k not in GAUGES}
+    if isinstance(doc, list):
+        return [_untimed(v) for v in doc]
+    return doc
+
+
+def _differences(a: Any, b: Any, at: str = "") -> list[str]:
+    """Where two answers differ, as paths (the assertion's message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in _differences(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{at}[{i}]")]
+    return [] if a == b else [f"{at}: {a!r} != {b!r}"[:300]]
+
+
+def _script(tmp_path: Path) -> Path:
+    script = tmp_path / "probe.py"
+    script.write_text("import json, os, socket, sys\n"
+                      "print(json.dumps({'host': socket.gethostname(), 'python': sys.version_info[:2],"
+                      " 'venv': os.path.exists('/root/ml-env/bin/python')}))\n")
+    return script
+
+
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "facts": ("facts", "--venv", ML_VENV),
+    "drift": ("drift", "--venv", ML_VENV, "--skip", "unsatisfied"),
+    "probe grep": ("probe", "grep", "update_mamba_state_after_mtp_verify", "DFLASH", "--package", "sglang",
+                   "--subpath", "srt", "--venv", ML_VENV),
+    "probe symbol": ("probe", "symbol", "SpeculativeAlgorithm.DFLASH", "--venv", ML_VENV),
+    "probe import": ("probe", "import", "sglang.version", "--venv", ML_VENV),
+    "probe http": ("probe", "http", "/health", "--port", "9"),
+    "gpu health": ("gpu", "health"),
+}
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "probe script"])
+def test_kept_connections_answer_as_fresh_ones(smi_lab: LabHandle, mux_dir: Path, tmp_path: Path, command: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    args = COMMANDS.get(command) or ("probe", "script", str(_script(tmp_path)))
+    base = ("-i", str(smi_lab.inventory_path), *SMI, "-l", "all")
+    run_cli(capsys, *base, *args, "--json")  # host caches (the grep cache) warm for every run compared
+    fresh = run_cli(capsys, *base, *args, "--json")
+    opened = run_cli(capsys, *base, "--persist", "60", *args, "--json")  # the server connects every host
+    kept = run_cli(capsys, *base, "--persist", "60", *args, "--json")  # every host on its kept connection
+    assert [r.rc for r in (opened, kept)] == [fresh.rc] * 2, (fresh.err, opened.err, kept.err)
+    assert fresh.rc in (0, 1), fresh.out + fresh.err  # an answer from every host, good or bad
+    listed = mux.server_status(mux.socket_path(mux_dir)) or []
+    assert sorted(c["host"] for c in listed) == sorted(smi_lab.hosts)  # the kept path was taken
+    for run in (opened, kept):
+        assert _differences(_untimed(run.json()), _untimed(fresh.json())) == []
+
+
+def test_each_round_of_requests_is_one_frame_for_the_whole_fleet(sglang_lab: LabHandle, mux_dir: Path) -> None:
+    inv = load_inventory(sglang_lab.inventory_path, {"nvidia_smi": FAKE_SMI})
+    with Fleet(inv, inv.select("all"), RunSettings(persist=60)) as fleet:
+        facts = fleet.map(lambda ctx: collect_facts(ctx, ML_VENV))
+        assert all(r.ok for r in facts.values()), {h: r.reason for h, r in facts.items()}
+        assert fleet.kept_frames == 2  # every host's facts, then every host's venv packages
+        echo = fleet.map(lambda ctx: ctx.call("selftest", {"action": "echo"}))
+        assert fleet.kept_frames == 3 and len({r.value["pid"] for r in echo.values() if r.value}) == 3
+        steps = [Step("selftest", {"action": "echo"}), Step("selftest", {"action": "raise", "message": "no"})]
+        seq = fleet.map(lambda ctx: ctx.sequence(steps))
+        assert fleet.kept_frames == 4
+    for host, res in seq.items():  # one agent per host, the same one as the pass before; the failure its own
+        assert res.value is not None and res.value[0]["pid"] == echo[host].value["pid"]
+        assert isinstance(res.value[1], RemoteOperationError) and res.value[1].host == host
+    assert {h: r.value.venv.packages["sglang"] for h, r in facts.items() if r.value and r.value.venv} == {
+        "lab1": "0.5.23", "lab2": "0.5.9", "lab3": "0.5.23"}
+
+
+def test_a_server_that_dies_between_rounds_fails_each_host_and_the_pass_ends(sglang_lab: LabHandle,
+                                                                            mux_dir: Path) -> None:
+    inv = load_inventory(sglang_lab.inventory_path)
+
+    def two_rounds(ctx: Any) -> Any:
+        ctx.call("selftest", {"action": "echo"})
+        for pid_file in mux_dir.glob("*.pid"):  # every host gets here before the second round goes out
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        return ctx.call("selftest", {"action": "echo"})
+
+    with Fleet(inv, inv.select("all"), RunSettings(persist=60)) as fleet:
+        results = fleet.map(two_rounds)
+    assert {h: r.status for h, r in results.items()} == dict.fromkeys(sglang_lab.hosts, "failed")
+    assert all("persistent-connection server failed" in r.reason for r in results.values()), results
+
+
+def test_host_functions_that_wait_on_each_other_still_finish(sglang_lab: LabHandle, mux_dir: Path) -> None:
+    """One host's function holds a lock while its request waits for the frame; the other's waits
+    for that lock, so it never asks: the request goes alone (after mux_calls.STALL_S), not never."""
+    inv = load_inventory(sglang_lab.inventory_path)
+    lock = threading.Lock()
+
+    def one_at_a_time(ctx: Any) -> Any:
+        with lock:
+            return ctx.call("selftest", {"action": "echo"})["pid"]
+
+    with Fleet(inv, inv.select("lab1,lab2"), RunSettings(persist=60)) as fleet:
+        results = fleet.map(one_at_a_time)
+        assert fleet.kept_frames == 2  # one host's request per frame
+    assert all(r.ok for r in results.values()), results
