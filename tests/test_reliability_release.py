@@ -159,7 +159,9 @@ def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_number
     canary = lab1["value"]["gates"][-1]
     assert canary["name"] == f"canary vs {fast_id}" and not canary["ok"]
     now, before = canary["numbers"]["now"]["decode_tps"], canary["numbers"]["before"]["decode_tps"]
-    assert now < 110 and before > 300  # both measured, through the real HTTP path
+    # both measured, through the real HTTP path; a loaded machine slows the fast stand-in too (296 of its
+    # 400 tok/s was seen at load 25), so the fast one is judged against the slow one, not a constant
+    assert now < 110 and before > 1.5 * now
     assert f"decode tok/s {now:g} is" in canary["detail"] and f"below {fast_id}'s {before:g}" in canary["detail"]
     assert lab1["reason"].startswith(f"health gate failed: canary vs {fast_id}: decode tok/s")
     assert lab1["reason"].endswith(f"rolled back to {fast_id}")
@@ -197,7 +199,7 @@ def test_a_release_switched_but_never_gated_is_judged_against_the_release_it_rep
     lab1 = r.json()["hosts"]["lab1"]
     canary = lab1["value"]["gates"][-1]
     assert canary["name"] == f"canary vs {fast_id}" and not canary["ok"], canary
-    assert canary["numbers"]["before"]["decode_tps"] > 300
+    assert canary["numbers"]["before"]["decode_tps"] > 1.5 * canary["numbers"]["now"]["decode_tps"]
     assert lab1["reason"].endswith(f"rolled back to {fast_id}")
     assert_whole(deployed_lab, "lab1", fast_id, base=BASE)
 
