@@ -20,7 +20,7 @@ import pytest
 import yaml
 from cli_support import CliRun, run_cli
 from gateway_support import MODEL, processes, start_gateway, stream_once, streaming_load
-from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
+from lab_support import _NET, LabHandle, lab_usable, private_lab, user_inventory, worker_lab_dir
 from sglang_support import NEW_SGLANG, make_venv, wheel
 
 from fleetctl.gateway.client import Gateway
@@ -280,3 +280,30 @@ def test_the_shipped_ddtree_playbooks_drain_through_the_gateway(lab_gw: dict[str
     assert {current(lab, h) for h in HOSTS} == {load_spec(lab_gw["A"]).release_id}
     assert healthy_workers(url) == expected_workers(lab)
 
+
+def test_a_drain_as_a_non_root_operator_with_become(lab_gw: dict[str, Any]) -> None:
+    """Production's login: fleetop with sudo (-b). Without -b the host is refused before its worker
+    leaves the gateway; with -b, under streaming load, each server is out, drained (its /metrics read
+    on the host), restarted and back in, and not one request is lost."""
+    lab, url = lab_gw["lab"], lab_gw["url"]
+    fleetop = user_inventory(lab, lab.inventory_path.parent / "inventory-gateway-fleetop.yml",
+                             host_vars={h: {"router_url": url} for h in HOSTS})
+    before = lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout
+    refused = fleet_cli(lab_gw, "lab2", "service", "restart", "--json", inventory=fleetop)
+    assert refused.rc == 2, refused.out + refused.err
+    assert "--become" in refused.json()["hosts"]["lab2"]["reason"]
+    assert healthy_workers(url) == expected_workers(lab)  # nothing taken out of the gateway
+    assert lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout == before
+    with streaming_load(url, clients=2, tokens=20) as tally:
+        became = run_cli(lab_gw["capsys"], "-i", str(fleetop), "-b", "-l", "lab2,lab3", "service", "restart",
+                         "--serial", "1", "--json")
+        assert became.rc == 0, became.out + became.err
+    assert (tally.failed, tally.truncated) == ([], [])
+    for host in ("lab2", "lab3"):
+        mine = f"http://{lab.addresses[host]}:30000"
+        gates = {g["name"]: g["detail"] for g in became.json()["hosts"][host]["value"]["gates"]}
+        assert gates[f"gateway: out of {url}"] == f"{mine} removed"
+        assert gates["gateway: drained"].startswith(f"{mine}: 0 requests in flight")
+        assert gates[f"gateway: back in {url}"] == f"{mine} healthy"
+    assert lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout != before
+    assert healthy_workers(url) == expected_workers(lab)
