@@ -54,11 +54,35 @@ step "Close them now (they also close after 60 s idle)" f connections stop
 
 R=playbooks/releases
 step "The release every host runs today (the one a rollback returns to)" f -l all deploy -y $R/sglang-0.5.23-lab.yml
+
+say "The SGLang Model Gateway in front of the 4 servers (smg, installed from PyPI by make deps)"
+SMG=${FLEETCTL_SMG:-/var/cache/fleetctl-tools/smg-1.13.0/bin/smg}
+port() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+GW="http://127.0.0.1:$(port)"
+GWINV="$(dirname "$INV")/gateway.yml"  # beside the lab's inventory: its key paths and run journals stay
+WORKERS=$(.venv/bin/python scripts/demo_gateway.py inventory "$INV" "$GW" "$GWINV") || exit 1
+# shellcheck disable=SC2086  # one argument per worker URL
+"$SMG" launch --host 127.0.0.1 --port "${GW##*:}" --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port "$(port)" \
+  --log-level warn --worker-urls $WORKERS >"$DEMO/smg.log" 2>&1 &
+SMG_PID=$!
+trap 'kill "$SMG_PID" 2>/dev/null' EXIT  # the gateway lives as long as the demo
+printf '$ smg launch --port %s --policy round_robin --worker-urls %s\n' "${GW##*:}" "$WORKERS"
+printf 'from here on the inventory sets router_url: %s for group lab (%s)\n' "$GW" "$GWINV"
+f() { $F -i "$GWINV" "$@"; }
+for _ in $(seq 150); do f router status >/dev/null 2>&1 && break; sleep 0.2; done  # registered and healthy
+step "Every server is a healthy worker of the gateway" f router status
 DEPLOY=(run $P/deploy-ddtree.yml -e target=lab -e release_spec=releases/ddtree-sglang-0.5.23-lab.yml)
-step "Plan the DDTree rollout: patches applied in memory to each host's own files, nothing written" \
+step "Plan the DDTree rollout: patches applied in memory to each host's own files, nothing written; each host's gateway steps" \
   f "${DEPLOY[@]}" --check
-step "Roll out DDTree canary-first: lab1, then 50%, then the rest; any failure rolls every host back" \
+say "Streaming requests through the gateway for as long as the rollout runs (2 clients, 20 tokens each)"
+.venv/bin/python scripts/demo_gateway.py load "$GW" /models/Qwen3.6-35B-A3B >"$DEMO/load.txt" 2>&1 &
+LOAD_PID=$!
+step "Roll out DDTree canary-first: lab1, then 50%, then the rest; each host out of the gateway, drained, changed, back in; any failure rolls every host back" \
   f "${DEPLOY[@]}"
+kill -INT "$LOAD_PID"; wait "$LOAD_PID"; load_rc=$?
+cat "$DEMO/load.txt"
+[ $load_rc -eq 0 ] || exit 4  # a request lost behind the gateway is a broken demo
+step "Back in the gateway, every one" f router status
 step "Audit (playbook, read-only): facts, drift against the golden host, probes of the running release" \
   f run $P/audit.yml -e target=lab -e golden_host=lab1
 step "Roll back in one step per host: switch + restart, nothing reinstalled" \
@@ -82,7 +106,7 @@ step "Status through the alias" g status
 unset FLEETCTL_SSH_CONFIG
 say "Per-host launch args: one spec, lab1 an H200 pair (two TP4 servers), lab2 and lab3 one TP8 server"
 SIZED="$(dirname "$INV")/sized.yml"  # beside the lab's inventory: its key paths stay valid
-.venv/bin/python - "$INV" "$SIZED" <<'PY'
+.venv/bin/python - "$GWINV" "$SIZED" <<'PY'
 import sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
 sizes = {"lab1": 4, "lab2": 8, "lab3": 8}
@@ -119,7 +143,7 @@ step "Applied: rewritten, restarted and gated in place (a failure would restore 
 step "Day-2: restart the fleet's servers one host at a time, stopping at the first failure" \
   s -l 'lab:!lab4' service restart -y --serial 1
 step "Every run is journaled beside the inventory" f runs list
-step "The fleet at a glance: release, service, drift, GPU health and the last run per host, one page" \
+step "The fleet at a glance: release, service, drift, GPU health, gateway and the last run per host, one page" \
   f report --venv /root/ml-env --skip unsatisfied --output "$DEMO/fleet.html"
 printf 'fleet report: %s\n' "$PWD/$DEMO/fleet.html"
 printf '\nThe lab stays up for you to try: fleetctl -i %s ...   (fleetctl lab down stops it)\n' "$INV"

@@ -127,13 +127,13 @@ def stream_once(base: str, tokens: int, timeout: float = 120, model: str = MODEL
 
 
 @contextmanager
-def streaming_load(base: str, clients: int = 4, tokens: int = 40) -> Iterator[Tally]:
+def streaming_load(base: str, clients: int = 4, tokens: int = 40, model: str = MODEL) -> Iterator[Tally]:
     """``clients`` threads streaming back to back through ``base`` until the block ends."""
     tally, stop = Tally(), threading.Event()
 
     def client() -> None:
         while not stop.is_set():
-            got, problem = stream_once(base, tokens)
+            got, problem = stream_once(base, tokens, model=model)
             if problem and not got and not problem.startswith("stream cut"):
                 stop.wait(0.1)  # a client that failed tries again a little later, not in a tight loop
             with tally.lock:

@@ -50,6 +50,7 @@ _CHECK = textwrap.dedent("""\
     out["holder_left"] = os.path.exists(lock + ".holder")
     try:
         pid, _, marker = open(os.path.join(state_dir, "service", "sglang.pid")).read().partition("\\n")
+        marker = marker.split("\\n")[0]  # the command; a "starttime N" line follows it
         stat = open("/proc/%d/stat" % int(pid)).read().rsplit(")", 1)[1].split()[0]
         if stat not in ("Z", "X") and marker.strip().encode() in open("/proc/%d/cmdline" % int(pid), "rb").read():
             out["service_pid"] = int(pid)

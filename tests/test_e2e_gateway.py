@@ -20,7 +20,7 @@ import pytest
 import yaml
 from cli_support import CliRun, run_cli
 from gateway_support import MODEL, processes, start_gateway, stream_once, streaming_load
-from lab_support import _NET, LabHandle, lab_usable, private_lab, worker_lab_dir
+from lab_support import _NET, LabHandle, lab_usable, private_lab, user_inventory, worker_lab_dir
 from sglang_support import NEW_SGLANG, make_venv, wheel
 
 from fleetctl.gateway.client import Gateway
@@ -174,6 +174,15 @@ def test_a_server_failing_its_gate_stays_out_and_router_status_says_so(lab_gw: d
     assert (rows[mine]["host"], rows[mine]["status"], rows[mine]["serving"]) == ("lab1", "out", False)
     assert rows[mine]["why"].startswith("not registered: left out by a change that failed")
     assert sorted(u for u, w in rows.items() if w["serving"]) == [u for u in expected_workers(lab) if u != mine]
+    page = fleet_cli(lab_gw, "all", "report", "--json")  # the fleet page: the same, beside each host
+    assert page.rc in (0, 1), page.out + page.err
+    doc = page.json()
+    judged = {r["host"]: r["gateway"] for r in doc["hosts"]}
+    assert judged["lab1"]["level"] == "amber"
+    assert judged["lab1"]["text"].startswith(f"{mine} out in {url}: not registered: left out by a change that failed")
+    assert {h: v["level"] for h, v in judged.items() if h != "lab1"} == {h: "green" for h in HOSTS[1:]}
+    assert [(g["url"], sorted(w["url"] for w in g["workers"])) for g in doc["gateways"]] == [
+        (url, expected_workers(lab))]
     back = fleet_cli(lab_gw, "lab1", "service", "restart")  # serving the previous release: back in
     assert back.rc == 0, back.out + back.err
     assert healthy_workers(url) == expected_workers(lab)
@@ -230,4 +239,71 @@ def test_rollback_and_the_playbook_modules_go_through_the_gateway(lab_gw: dict[s
     restarted = play(lab_gw, "restart", [{"name": "restart", "service": "restarted"}])
     assert restarted.rc == 0, restarted.out + restarted.err
     assert [g["name"] for g in restarted.json()["results"]["lab4"][0]["data"]["gateway"]] == steps
+    assert healthy_workers(url) == expected_workers(lab)
+
+
+def ddtree_spec(folder: Path) -> Path:
+    """The shipped lab DDTree release, serving the model the load asks for (smg routes by model), its
+    patch series found from here; no canary (the load shares this 2-core machine with the timing)."""
+    shipped = Path(__file__).resolve().parent.parent / "playbooks" / "releases" / "ddtree-sglang-0.5.23-lab.yml"
+    doc = yaml.safe_load(shipped.read_text())
+    args = doc["service"]["args"]
+    del args[args.index("--model-path"):args.index("--model-path") + 2]
+    doc["patches"] = [{"series": str((shipped.parent / p["series"]).resolve())} for p in doc["patches"]]
+    doc["health"].pop("canary")
+    path = folder / "ddtree-gw.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_the_shipped_ddtree_playbooks_drain_through_the_gateway(lab_gw: dict[str, Any]) -> None:
+    """playbooks/deploy-ddtree.yml (staged, then canary-first) and playbooks/rollback.yml as shipped,
+    with router_url in the inventory: every host out, drained, back in; not one request lost."""
+    lab, url = lab_gw["lab"], lab_gw["url"]
+    playbooks = Path(__file__).resolve().parent.parent / "playbooks"
+    ddtree = ddtree_spec(lab_gw["folder"])
+    with streaming_load(url, clients=2, tokens=20) as tally:
+        rolled = fleet_cli(lab_gw, "all", "run", str(playbooks / "deploy-ddtree.yml"), "-e", "target=lab",
+                           "-e", f"release_spec={ddtree}", "--json")
+        assert rolled.rc == 0, rolled.out + rolled.err
+        back = fleet_cli(lab_gw, "all", "run", str(playbooks / "rollback.yml"), "-e", "target=lab", "--json")
+        assert back.rc == 0, back.out + back.err
+    assert (tally.failed, tally.truncated) == ([], [])
+    assert tally.completed > 0
+    for host in HOSTS:
+        deployed = next(r for r in rolled.json()["results"][host] if r["name"].startswith("deploy the release"))
+        mine = f"http://{lab.addresses[host]}:30000"
+        steps = [(g["name"], g["detail"]) for g in deployed["data"]["gates"] if g["name"].startswith("gateway")]
+        assert [name for name, _ in steps] == [f"gateway: out of {url}", "gateway: drained", f"gateway: back in {url}"]
+        assert steps[0][1] == f"{mine} removed" and steps[2][1] == f"{mine} healthy"
+        assert steps[1][1].startswith(f"{mine}: 0 requests in flight")  # read from its /metrics
+    assert {current(lab, h) for h in HOSTS} == {load_spec(lab_gw["A"]).release_id}
+    assert healthy_workers(url) == expected_workers(lab)
+
+
+def test_a_drain_as_a_non_root_operator_with_become(lab_gw: dict[str, Any]) -> None:
+    """Production's login: fleetop with sudo (-b). Without -b the host is refused before its worker
+    leaves the gateway; with -b, under streaming load, each server is out, drained (its /metrics read
+    on the host), restarted and back in, and not one request is lost."""
+    lab, url = lab_gw["lab"], lab_gw["url"]
+    fleetop = user_inventory(lab, lab.inventory_path.parent / "inventory-gateway-fleetop.yml",
+                             host_vars={h: {"router_url": url} for h in HOSTS})
+    before = lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout
+    refused = fleet_cli(lab_gw, "lab2", "service", "restart", "--json", inventory=fleetop)
+    assert refused.rc == 2, refused.out + refused.err
+    assert "--become" in refused.json()["hosts"]["lab2"]["reason"]
+    assert healthy_workers(url) == expected_workers(lab)  # nothing taken out of the gateway
+    assert lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout == before
+    with streaming_load(url, clients=2, tokens=20) as tally:
+        became = run_cli(lab_gw["capsys"], "-i", str(fleetop), "-b", "-l", "lab2,lab3", "service", "restart",
+                         "--serial", "1", "--json")
+        assert became.rc == 0, became.out + became.err
+    assert (tally.failed, tally.truncated) == ([], [])
+    for host in ("lab2", "lab3"):
+        mine = f"http://{lab.addresses[host]}:30000"
+        gates = {g["name"]: g["detail"] for g in became.json()["hosts"][host]["value"]["gates"]}
+        assert gates[f"gateway: out of {url}"] == f"{mine} removed"
+        assert gates["gateway: drained"].startswith(f"{mine}: 0 requests in flight")
+        assert gates[f"gateway: back in {url}"] == f"{mine} healthy"
+    assert lab.ssh("lab2", "cat /var/lib/fleetctl/service/sglang.pid").stdout != before
     assert healthy_workers(url) == expected_workers(lab)

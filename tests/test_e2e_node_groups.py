@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -63,3 +64,77 @@ def test_a_playbook_release_renders_node_vars_and_keeps_the_group_in_one_batch(
     assert node("lab1") == ["2", "0", first] and node("lab3") == ["2", "1", first]
     assert node("lab2") == ["1", "0", f"{lab.addresses['lab2']}:20000"]
     assert {status[h]["value"]["current"] for h in HOSTS} == {load_spec(spec).release_id}
+
+
+def group_spec(folder: Path, version: str, health: str, extra: str = "") -> Path:
+    spec = folder / f"group-{version}.yml"
+    spec.write_text(f'name: group\nversion: "{version}"\nbase: {{adopt: /root/mn-env}}\nservice:\n  standin: true\n'
+                    "  node_group: mn\n"
+                    '  args: [--nnodes, "{{ nnodes }}", --node-rank, "{{ node_rank }}", '
+                    f'--dist-init-addr, "{{{{ dist_init_addr }}}}"{extra}]\n'
+                    f"health: {health}\n")
+    return spec
+
+
+def test_a_multi_node_server_is_gated_for_what_each_rank_serves_and_goes_back_as_one(
+        clean_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lab1 (rank 0) and lab3 (rank 1) are one server. A rank > 0 serves only SGLang's health server
+    (no /generate, no /server_info): the warm-up and thresholds are rank 0's, rank 1 is gated on its
+    /health. When rank 1 fails its gate, rank 0 (which passed) goes back with it: the whole group
+    runs the release it ran before, and the run says why."""
+    lab = clean_lab
+    inv = user_inventory(lab, tmp_path / "inv.yml", "root", {"lab1": {"mn": "big"}, "lab3": {"mn": "big"}})
+
+    def deploy(spec: Path) -> dict[str, Any]:
+        r = run_cli(capsys, "-i", str(inv), "-l", "lab1,lab3", "deploy", "-y", str(spec), "--json")
+        assert r.rc in (0, 2), r.out + r.err
+        return {h: v for h, v in r.json()["hosts"].items()}
+
+    plain = group_spec(tmp_path, "1", "{timeout: 30, interval: 0.2}")
+    assert all(v["status"] == "ok" for v in deploy(plain).values())
+    gated = group_spec(tmp_path, "2", "{timeout: 30, interval: 0.2, warmup: {requests: 1, max_tokens: 4}, "
+                                      "thresholds: [{field: max_total_num_tokens, min: 1}]}")
+    hosts = deploy(gated)
+    assert {h: v["status"] for h, v in hosts.items()} == {"lab1": "ok", "lab3": "ok"}, hosts
+    assert [g["name"] for g in hosts["lab1"]["value"]["gates"]] == [
+        "GET /health", "warm-up", "/server_info max_total_num_tokens >= 1"]
+    assert [g["name"] for g in hosts["lab3"]["value"]["gates"]] == ["GET /health"]
+    assert_current(lab, load_spec(gated).release_id)
+
+    # rank 1's server never turns healthy (its /health stays 503); rank 0's does
+    sick = group_spec(tmp_path, "3", "{timeout: 5, interval: 0.2}",
+                      ', --standin-health-status, "{{ 503 if node_rank == 1 else 200 }}"')
+    hosts = deploy(sick)
+    assert hosts["lab3"]["value"]["outcome"] == "rolled-back"
+    assert hosts["lab1"]["status"] == "failed" and hosts["lab1"]["value"]["outcome"] == "rolled-back"
+    assert hosts["lab1"]["reason"].startswith(
+        f"health gate failed: node group: mn=big: rank 1 (lab3) failed; this node went back with its group to "
+        f"{load_spec(gated).release_id}")
+    assert_current(lab, load_spec(gated).release_id)
+
+
+def assert_current(lab: LabHandle, release_id: str) -> None:
+    for host in ("lab1", "lab3"):
+        assert lab.ssh(host, "basename $(readlink /opt/fleetctl/current)").stdout.strip() == release_id, host
+
+
+def test_a_play_rolling_back_failed_hosts_takes_the_whole_group(
+        clean_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """on_failure: rollback_failed with serial_group_var: rank 1 fails, and rank 0, which passed,
+    goes back with it; lab2, a server of its own in the same batch, stays on the new release."""
+    lab = clean_lab
+    inv = user_inventory(lab, tmp_path / "inv.yml", "root", {"lab1": {"mn": "big"}, "lab2": {"mn": "small"},
+                                                              "lab3": {"mn": "big"}})
+    plain = group_spec(tmp_path, "1", "{timeout: 30, interval: 0.2}")
+    first = run_cli(capsys, "-i", str(inv), "-l", "lab", "deploy", "-y", str(plain))
+    assert first.rc == 0, first.out + first.err
+    sick = group_spec(tmp_path, "3", "{timeout: 5, interval: 0.2}",
+                      ', --standin-health-status, "{{ 503 if node_rank == 1 else 200 }}"')
+    book = tmp_path / "roll.yml"
+    book.write_text(yaml.safe_dump([{"name": "roll", "hosts": "lab", "serial_group_var": "mn",
+                                     "on_failure": "rollback_failed", "max_fail_percentage": 0,
+                                     "tasks": [{"name": "deploy", "release": str(sick)}]}], sort_keys=False))
+    r = run_cli(capsys, "-i", str(inv), "run", str(book), "--json")
+    assert r.rc == 2, r.out + r.err
+    assert_current(lab, load_spec(plain).release_id)  # lab1 and lab3: the group, back as one
+    assert lab.ssh("lab2", "basename $(readlink /opt/fleetctl/current)").stdout.strip() == load_spec(sick).release_id

@@ -132,3 +132,22 @@ def test_sigterm_drains_the_stream_in_flight_then_exits() -> None:
         assert result == [(200, "")]
         assert proc.wait(timeout=30) == 0
 
+
+
+def test_a_rank_above_0_serves_only_sglangs_health_server() -> None:
+    """SGLang's node of rank > 0 runs no API server, only launch_dummy_health_check_server: /ping,
+    /health, /health_generate (and /metrics with --enable-metrics); the stand-in, the same."""
+    engine = sglang_source("srt/entrypoints/engine.py")
+    assert "if get_parallel().node_rank >= 1:" in engine and "launch_dummy_health_check_server(" in engine
+    common = sglang_source("srt/utils/common.py")
+    dummy = common.split("def launch_dummy_health_check_server(", 1)[1].split("\ndef ", 1)[0]
+    routes = sorted(line.split('"')[1] for line in dummy.splitlines() if "@app.get(" in line)
+    assert routes == ["/health", "/health_generate", "/ping"]
+    assert "if enable_metrics:" in dummy and "add_prometheus_middleware(app)" in dummy
+    with processes() as procs:
+        url, _ = start_stand_in(procs, "--node-rank", "1", "--enable-metrics")
+        assert {path: get(url + path)[0] for path in [*routes, "/metrics"]} == {
+            "/health": 200, "/health_generate": 200, "/ping": 200, "/metrics": 200}
+        assert {path: get(url + path)[0] for path in ("/server_info", "/model_info", "/v1/models")} == {
+            "/server_info": 404, "/model_info": 404, "/v1/models": 404}
+        assert post(url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})[0] == 404

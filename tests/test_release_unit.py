@@ -198,3 +198,19 @@ def test_a_value_systemd_cannot_carry_is_refused_naming_where(tmp_path: Path, ch
         assert "\n" not in str(err.value) and "\r" not in str(err.value)
     with pytest.raises(InputError, match="host variable fleetctl_root: .* cannot be carried"):
         layout_for({"fleetctl_root": f"/opt/x{char}ExecStartPre=/bin/true"})
+
+
+def test_a_rank_above_0_is_gated_on_what_it_serves() -> None:
+    from fleetctl.release.nodegroups import rank_of, serving_health
+    from fleetctl.release.spec import Health
+
+    health = Health.model_validate({"path": "/health_generate", "warmup": {"requests": 1},
+                                    "thresholds": [{"field": "max_total_num_tokens", "min": 1}],
+                                    "canary": {"max_regression_percent": 10}, "probes": [{"import": "sglang"}]})
+    assert serving_health(health, {"nnodes": 2, "node_rank": 0}) is health
+    assert serving_health(health, {}) is health and rank_of({"node_rank": 1}) == 0  # no group: no rank
+    ranked = serving_health(health, {"nnodes": 2, "node_rank": 1})
+    assert (ranked.path, ranked.warmup, ranked.thresholds, ranked.canary) == ("/health_generate", None, [], None)
+    assert ranked.probes == health.probes
+    assert serving_health(Health.model_validate({"path": "/server_info"}), {"nnodes": 3, "node_rank": 2}).path \
+        == "/health"

@@ -154,3 +154,33 @@ def test_journals_read_back(tmp_path: Path) -> None:
     assert last_touch(found)["b"]["result"] == "incomplete" and last_touch(found)["a"]["run_id"] == found[0].run_id
     assert [r.run_id for r in last_runs(runs, 5, hosts=["nobody"])] == []
     assert view("x", events).hosts == {"a": "changed", "b": "rolled back"}
+
+
+def test_the_gateway_beside_each_host_and_as_a_section(tmp_path: Path) -> None:
+    """good1's worker serves in its gateway (green); good2's is out of one gateway and the other did
+    not answer (amber, saying which and why); the page has a Gateways section with every worker."""
+    from fleetctl.gateway.status import GatewayStatus, WorkerRow
+
+    g = rs.fleet(tmp_path, n_green=2)
+    one, two = "http://gw1:30080", "http://gw2:30080"
+    for name, gateways in (("good1", [one]), ("good2", [one, two])):
+        g.hosts[name].value.workers = [{"url": f"http://{name}:30000", "gateways": gateways}]  # type: ignore[union-attr]
+    out = "not registered: left out by a change that failed, or never added (server running plain-1, /health 200)"
+    g.gateways = [GatewayStatus(one, workers=[WorkerRow(one, "http://good1:30000", "good1", "id-1", "ready", True, 3),
+                                              WorkerRow(one, "http://good2:30000", "good2", why=out)]),
+                  GatewayStatus(two, error=f"gateway {two} unreachable: refused")]
+    doc = report.build(g, now=rs.NOW)
+    rows = {r["host"]: r for r in doc["hosts"]}
+    assert (rows["good1"]["gateway"]["level"], rows["good1"]["gateway"]["text"]) == (
+        "green", f"1 worker serving in {one}")
+    assert rows["good2"]["gateway"]["level"] == "amber"
+    assert rows["good2"]["problems"] == [
+        f"gateway: http://good2:30000 out in {one}: {out}; gateway {two} did not answer"]
+    assert rows["stale"]["gateway"]["level"] == "none"
+    assert f"gateway {two} did not answer: gateway {two} unreachable: refused" in doc["notes"]
+    assert [w["url"] for w in doc["gateways"][0]["workers"]] == ["http://good1:30000", "http://good2:30000"]
+    p = page(report.to_html(doc))
+    assert p.rows["good2"][-1].startswith("AMBER") and "out in http://gw1:30080" in p.rows["good2"][-1]
+    assert p.rows["good1"][-1] == f"OK1 worker serving in {one}"
+    text = "".join(p.text)
+    assert "Gateways" in text and out in text and f"did not answer: gateway {two} unreachable" in text

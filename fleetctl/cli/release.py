@@ -45,6 +45,7 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
     (--stage: build and verify only)."""
     from fleetctl.liveness import who
     from fleetctl.release import deploy as core
+    from fleetctl.release import group_rollback
     from fleetctl.release.ownership import RunClaims
     from fleetctl.release.spec import load_spec
 
@@ -60,11 +61,14 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
         from fleetctl.release.nodegroups import annotate
 
         annotate(fleet.contexts, app.inventory.hosts, spec.model.service.node_group)
-        if spec.model.service.node_group and not rollout.group_var:  # a multi-node server moves as one
-            rollout = replace(rollout, group_var=spec.model.service.node_group)
+        group = spec.model.service.node_group
+        if group and not rollout.group_var:  # a multi-node server moves as one
+            rollout = replace(rollout, group_var=group)
+        as_one = None if not group or stage else group_rollback.after_batch(fleet, group, holder,
+                                                                             spec.model.health.timeout, claims)
         results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: core.deploy_host(
             ctx, spec, loaded, check, holder, break_lock, rebuild, stage_only=stage, claim=claims.get(ctx.name)),
-            check, claims)
+            check, claims, as_one)
     mark_failed(results, lambda r: r.ok, lambda r: _deploy_reason(r))
     if app.json:
         render.emit_json({"release": spec.release_id, **render.results_json(results, lambda r: r.to_dict()),
@@ -76,7 +80,8 @@ def deploy(app: AppContext, spec_path: Path, check: bool, show_diff: bool, break
 
 
 def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
-               check: bool = False, claims: Any = None) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
+               check: bool = False, claims: Any = None,
+               after_batch: Any = None) -> tuple[dict[str, HostResult[Any]], dict[str, Any]]:
     """``fn`` on every host: at once (one batch), or with ``--serial`` in batches under the failure
     budget (the playbook rollout's planner, ``release/batched.py``); journaled either way (a check,
     which changes nothing, is not); the halt and the journal. ``claims``: the run owns its hosts."""
@@ -85,7 +90,7 @@ def in_batches(app: AppContext, fleet: Any, rollout: Any, command: str, fn: Any,
     from fleetctl.release.batched import run_batched, skipped_results
 
     run = run_batched(fleet, fn, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
-                      app.inventory.folder, claims)
+                      app.inventory.folder, claims, after_batch)
     return skipped_results(run), {"halted": run.halted, "journal": run.journal}
 
 

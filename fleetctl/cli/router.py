@@ -65,7 +65,7 @@ def print_gateway_steps(results: dict[str, HostResult[Any]]) -> None:
 
 def _host_workers(session: HostSession) -> list[dict[str, Any]]:
     """The host's servers as gateway workers: url, and what the host says of each (running, /health)."""
-    from fleetctl.gateway.workers import gateways_of, worker_url
+    from fleetctl.gateway.workers import expected_workers, gateways_of
     from fleetctl.release import instances as insts
     from fleetctl.release.manage import server_status
     from fleetctl.release.service import layout_for
@@ -74,10 +74,5 @@ def _host_workers(session: HostSession) -> list[dict[str, Any]]:
         return []
     layout = layout_for(session.vars)
     state = session.call("release_host", {"op": "state", **layout.params()})
-    out = []
-    for name in insts.names_of(state.get("service")):
-        server = server_status(session, layout, name)
-        out.append({"url": worker_url(session.name, session.vars, int(server.get("port") or 30000)),
-                    "gateways": gateways_of(session.name, session.vars), "running": bool(server.get("running")),
-                    "health": server.get("health"), "release": state.get("current")})
-    return out
+    servers = [server_status(session, layout, name) for name in insts.names_of(state.get("service"))]
+    return expected_workers(session.name, session.vars, servers, state.get("current"))

@@ -3,7 +3,7 @@ variables (``router_url``: a URL or a list; ``router_worker_host``, else ``ansib
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetctl.errors import InputError
@@ -26,3 +26,14 @@ def gateways_of(name: str, host_vars: Mapping[str, Any]) -> list[str]:
 def worker_url(name: str, host_vars: Mapping[str, Any], port: int) -> str:
     address = host_vars.get("router_worker_host") or host_vars.get("ansible_host") or name
     return f"http://{address}:{port}"
+
+
+def expected_workers(name: str, host_vars: Mapping[str, Any], servers: Sequence[Mapping[str, Any]],
+                     release: str | None) -> list[dict[str, Any]]:
+    """The host's servers as the workers its gateways should have (one per server instance): url,
+    gateways, and what the host says of each (running, /health answer, release); [] without router_url."""
+    gateways = gateways_of(name, host_vars)
+    if not gateways:
+        return []
+    return [{"url": worker_url(name, host_vars, int(s.get("port") or 30000)), "gateways": gateways,
+             "running": bool(s.get("running")), "health": s.get("health"), "release": release} for s in servers]

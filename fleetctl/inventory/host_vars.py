@@ -77,6 +77,11 @@ HOST_VARS: tuple[HostVar, ...] = (
             "supervisor.", SERVICE),
     HostVar("dist_init_port", "integer", "20000", "Port of `dist_init_addr` for multi-node servers "
             "(`service.node_group`), read from the group's first host.", SERVICE),
+    HostVar("nnodes", "integer", "set by fleetctl", "A multi-node server's node count (`service.node_group`); "
+            "fleetctl sets it per host, with `node_rank` and `dist_init_addr`.", SERVICE),
+    HostVar("node_rank", "integer", "set by fleetctl", "The host's rank in its multi-node server (inventory order): "
+            "a rank > 0 serves SGLang's health server only, so it is gated on its health endpoint and probes, "
+            "and is no gateway worker.", SERVICE),
     HostVar("router_url", "URL or list of URLs", "unset", "The SGLang Model Gateway(s) in front of this host's "
             "servers: every change takes its workers out first and adds them back once gated.", SERVICE),
     HostVar("router_worker_host", "string", "`ansible_host`, else the inventory name", "The address the gateway "

@@ -24,6 +24,12 @@ SIGTERM drains as SGLang does: /health and /ready answer 503, the requests in fl
 exits 0; new generations are still admitted meanwhile, as SGLang admits them (a gateway must take the
 worker out first, or a loaded worker's drain runs into its stop timeout).
 
+A node of rank > 0 of a multi-node server (``--node-rank N``, N >= 1) serves what SGLang's rank > 0
+serves: no tokenizer, no API server, only its dummy health server (sglang 0.5.23
+srt/entrypoints/engine.py: ``if get_parallel().node_rank >= 1`` ... ``launch_dummy_health_check_server``;
+srt/utils/common.py: GET /ping, /health, /health_generate answer 200, plus /metrics with
+--enable-metrics); every other path is 404 there.
+
 With --old-api the info endpoints are only under their older names, /get_server_info and
 /get_model_info (the new names 404), as in older SGLang releases.
 
@@ -79,6 +85,8 @@ except ImportError:  # run as a script (a lab host's release, a test's copy): th
         stream_chunk,
     )
 
+# What a rank > 0 node serves (sglang 0.5.23 srt/utils/common.py launch_dummy_health_check_server).
+RANK_N_PATHS = ("/ping", "/health", "/health_generate", "/metrics")
 GENERATION = {"/generate": "native", "/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -93,6 +101,11 @@ class StandinHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
         path = self.path.split("?", 1)[0]
+        if self.opts.node_rank >= 1 and path not in RANK_N_PATHS:  # rank > 0: SGLang's dummy health server
+            self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
+            return
+        if path in ("/ping", "/health_generate") and self.opts.node_rank >= 1:
+            path = "/health"
         if path == "/health" and self.opts.health_hang:
             time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
             return
@@ -110,7 +123,7 @@ class StandinHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
-        if path not in GENERATION:
+        if path not in GENERATION or self.opts.node_rank >= 1:  # rank > 0 serves no generation
             self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
             return
         try:
@@ -196,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="test knob: a generation of the prompt 'hold' ends only once this file exists")
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--node-rank", type=int, default=0, help="a multi-node server's rank (> 0: health only)")
     p.add_argument("--verbose", action="store_true", help="log requests on stderr")
     p.add_argument("--release-dir", default=None, help="release mode: report the release running from DIR")
     return p.parse_args(argv)
@@ -245,6 +259,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=opts.tp)
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--enable-metrics", action="store_true", default=opts.enable_metrics)
+    p.add_argument("--node-rank", type=int, default=opts.node_rank)
     add_standin_flags(p, opts)
     args, _ = p.parse_known_args(launch)
     # SGLang's own flags are everything but the stand-in's: check them as the server would.
@@ -268,7 +283,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
     opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
-    opts.prefill_delay = args.standin_prefill_delay
+    opts.prefill_delay, opts.node_rank = args.standin_prefill_delay, args.node_rank
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
     return opts

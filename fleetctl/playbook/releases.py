@@ -83,7 +83,7 @@ def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], atte
     how = play.model.on_failure
     if how == "halt":
         return
-    targets = failed if how == "rollback_failed" else attempted
+    targets = group_peers(runner, play, failed, attempted) if how == "rollback_failed" else attempted
     if runner.options.check:
         runner.emit("rollback", play=play.index, hosts=targets, status="skipped", msg="check mode: nothing to undo")
         return
@@ -94,6 +94,16 @@ def on_failure(runner: Runner, play: Play, recorded: dict[str, str | None], atte
         _roll_back(runner, play, recorded, targets)
     finally:
         hooks("after_rollback", targets)
+
+
+def group_peers(runner: Runner, play: Play, failed: list[str], attempted: list[str]) -> list[str]:
+    """The failed hosts and, with ``serial_group_var`` (a multi-node server's group), every attempted
+    host of their groups: a server whose ranks run two releases serves nothing, so it goes back as one."""
+    var = play.model.serial_group_var
+    if not var:
+        return failed
+    keys = {runner.fleet.contexts[h].vars.get(var) for h in failed} - {None, ""}
+    return [h for h in attempted if h in failed or runner.fleet.contexts[h].vars.get(var) in keys]
 
 
 def _hooks(runner: Runner, play: Play, b: int, targets: list[str]) -> Callable[[str, list[str]], None]:

@@ -54,9 +54,11 @@ class BatchedRun:
 
 def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, command: str,
                 ok: Callable[[HostResult[T]], bool], inventory_folder: Path,
-                claims: RunClaims | None = None) -> BatchedRun:
+                claims: RunClaims | None = None,
+                after_batch: Callable[[dict[str, HostResult[T]]], None] | None = None) -> BatchedRun:
     """``fn`` on every host, batch after batch; stops when the budget is exceeded (the hosts of the
-    batches not started are left out of ``results`` and listed in ``skipped``)."""
+    batches not started are left out of ``results`` and listed in ``skipped``). ``after_batch`` may
+    change a batch's results before they are judged (a multi-node group sent back as one)."""
     names = sorted(fleet.contexts)
     plan = rollout.batches(names, list(how.serial) or None, rollout.group_of(fleet, how.group_var))
     journal = Journal.create(runs_dir(inventory_folder), Path(command.split()[1] if " " in command else command),
@@ -77,6 +79,8 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
                 fleet.contexts[host].peers = functools.partial(reachable_contexts, fleet, others)
             results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command,
                                                   refused=refused), names=batch)
+            if after_batch is not None:
+                after_batch(results)
             failed = [h for h in batch if not ok(results[h])]
             for host in batch:
                 res = results[host]

@@ -187,8 +187,8 @@ def go_live(session: HostSession, spec: ReleaseSpec, layout: HostLayout, result:
             if failed:  # not serving the new release: back, exactly as a failed gate
                 result.restart_error = failed
                 return roll_back_after_failure(session, spec, layout, result, holder)
-        gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
-                          baseline, inst.name, live_later=True)
+        gates = run_gates(session, insts.health_of(spec, inst, session.vars), layout,
+                          listen(spec, layout, inst)[1], rid, baseline, inst.name, live_later=True)
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):
             return roll_back_after_failure(session, spec, layout, result, holder)

@@ -17,7 +17,11 @@ from fleetctl.transport.base import HostSession
 
 
 def configured(session: HostSession) -> bool:
-    return bool(gateways_of(session.name, session.vars))
+    """Behind a gateway, and a worker there: a multi-node server's rank > 0 node serves no requests
+    (its rank 0 is the group's worker), so it is never taken out nor added."""
+    from fleetctl.release.nodegroups import rank_of
+
+    return bool(gateways_of(session.name, session.vars)) and not rank_of(session.vars)
 
 
 def port_of(session: HostSession, layout: HostLayout, name: str | None) -> int:

@@ -50,8 +50,12 @@ def of_spec(spec: ReleaseSpec) -> list[ServerInstance]:
     return [ServerInstance(i.name, i.port, i.gpus, tuple(i.args), dict(i.env), i.health) for i in svc.instances]
 
 
-def health_of(spec: ReleaseSpec, inst: ServerInstance) -> Health:
-    return inst.health or spec.model.health
+def health_of(spec: ReleaseSpec, inst: ServerInstance, host_vars: Mapping[str, Any] | None = None) -> Health:
+    """The gates of one server: the instance's own or the spec's; on a multi-node server's rank > 0
+    node only those it can pass for what it serves (``nodegroups.serving_health``)."""
+    from fleetctl.release.nodegroups import serving_health
+
+    return serving_health(inst.health or spec.model.health, host_vars or {})
 
 
 def names_of(stored: Mapping[str, Any] | None) -> list[str | None]:

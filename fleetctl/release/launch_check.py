@@ -8,6 +8,11 @@ patched files read from memory in ``--check`` (so a flag a patch adds is known t
 rejection is SGLang's own line, naming the instance. Where SGLang cannot be imported (a
 ``--no-deps`` venv without torch), the result says so: "launch args not validated: <why>", never
 a silent pass. The stand-in's own ``--standin-*`` flags are not SGLang's and are left out.
+
+A service that is not SGLang is checked by its own program's parser, never SGLang's: the SGLang
+Model Gateway (``service.module: smg``, args ``[launch, ...]``) by ``smg.launch_router
+.parse_router_args`` (argparse plus its own validation; no server started). A module fleetctl knows
+no parser for is "launch args not validated", said so.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from fleetctl.release.spec import ReleaseSpec
 from fleetctl.transport.base import HostSession
 
 TIMEOUT_S = 600.0  # importing sglang imports torch: ~11 s on a 2-core machine, more on a busy one
+# The program a service runs (``service.module``, run as ``python -m MODULE``) -> the host-side parser.
+PARSERS = {"sglang.launch_server": "sglang", "smg": "smg"}
+
+
+def parser_for(module: str) -> str | None:
+    """Whose parser checks a service's launch args: SGLang's for its server, smg's for the gateway."""
+    return PARSERS.get(module)
 
 
 @dataclass(frozen=True)
@@ -48,17 +60,21 @@ def server_argv(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | No
 
 def check_launch_args(session: HostSession, spec: ReleaseSpec, layout: HostLayout, venv: str,
                       overlay: dict[str, str] | None = None) -> LaunchCheck:
+    module = spec.model.service.module
+    parser = parser_for(module)
+    if parser is None:
+        return LaunchCheck(False, True, f"launch args not validated: no parser known for {module} "
+                                        f"(known: {', '.join(sorted(PARSERS))})")
     argvs = [[inst.name, server_argv(spec, layout, inst)] for inst in instances.of_spec(spec)]
-    answer = session.call("launch_args", {"argvs": argvs, "overlay": overlay or {}},
+    answer = session.call("launch_args", {"argvs": argvs, "overlay": overlay or {}, "parser": parser},
                           python=f"{venv}/bin/python", timeout=TIMEOUT_S)
     if not answer.get("validated"):
         return LaunchCheck(False, True, f"launch args not validated: {answer.get('why', 'unknown')}")
+    program = f"{parser} {answer.get('version') or answer.get('sglang') or '?'}"
     if answer.get("ok"):
-        return LaunchCheck(True, True, f"accepted by sglang {answer.get('sglang', '?')}'s parser "
-                                       f"({answer.get('seconds', 0):g}s)")
+        return LaunchCheck(True, True, f"accepted by {program}'s parser ({answer.get('seconds', 0):g}s)")
     of = f" of instance {answer['instance']}" if answer.get("instance") else ""
-    return LaunchCheck(True, False, f"sglang {answer.get('sglang', '?')} rejects the launch args{of}: "
-                                    f"{answer.get('error', '')}")
+    return LaunchCheck(True, False, f"{program} rejects the launch args{of}: {answer.get('error', '')}")
 
 
 def patched_overlay(site: str, files: dict[str, Any]) -> dict[str, str]:

@@ -65,7 +65,8 @@ def reconfigure(session: HostSession, spec: ReleaseSpec, layout: HostLayout, res
         if failed:
             result.restart_error = f"{inst.name}: {failed}" if inst.name else failed
             return restore(session, spec, layout, result)
-        gates = run_gates(session, insts.health_of(spec, inst), layout, listen(spec, layout, inst)[1], rid,
+        gates = run_gates(session, insts.health_of(spec, inst, session.vars), layout,
+                          listen(spec, layout, inst)[1], rid,
                           rid, inst.name)
         result.gates += [g if not inst.name else replace(g, name=f"{inst.name}: {g.name}") for g in gates]
         if not all(g.ok for g in gates):

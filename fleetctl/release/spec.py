@@ -132,7 +132,8 @@ class Instance(_Strict):
 
 class Service(_Strict):
     module: str = "sglang.launch_server"
-    """The Python module the server runs as (``python -m MODULE``)."""
+    """The Python module the server runs as (``python -m MODULE``): SGLang's server, or ``smg`` for the
+    SGLang Model Gateway (args ``[launch, ...]``); the launch args are checked by that program's parser."""
     args: list[str] = Field(default_factory=list)
     """Launch args, each a Jinja2 template of the host's variables (``--tp, "{{ tp_size }}"``)."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -2,12 +2,15 @@
 # SGLang's own parser, in the venv that will serve them. Stdlib only, Python >= 3.8; runs as a child
 # under that venv's python (it imports the venv's sglang).
 #
-# params: argv (the server's arguments), or argvs ([[instance, argv], ...]: each instance's own
+# params: parser ("sglang", the default, or "smg": the SGLang Model Gateway's own parser for
+#         ``smg launch ARGS``, argv[0] being "launch"; never SGLang's for it),
+#         argv (the server's arguments), or argvs ([[instance, argv], ...]: each instance's own
 #         arguments, parsed in turn by the one parser; the first refused is answered), overlay ({absolute .py path: source}, optional: patched
 #         files read from memory instead of disk, so check mode validates what the release WILL
 #         hold without writing it).
 # answer: {"validated": true, "ok": bool, "error": "sglang serve: error: ...", "instance": the refused
-#          instance (argvs) or None, "checked": how many argv were parsed, "sglang": version,
+#          instance (argvs) or None, "checked": how many argv were parsed, "sglang" and "version":
+#          the program's version,
 #          "parser": "sglang.srt.server_args.ServerArgs.add_cli_args", "seconds": s}
 #       | {"validated": false, "why": "..."}   (sglang's parser cannot be imported here)
 #
@@ -69,6 +72,8 @@ def main(params):
     overlay = params.get("overlay") or {}
     if overlay:
         sys.meta_path.insert(0, OverlayFinder(overlay))
+    if params.get("parser") == "smg":
+        return smg_main(argvs)
     start = time.monotonic()
     try:
         from sglang.srt.server_args import ServerArgs
@@ -91,16 +96,55 @@ def main(params):
             ok, refused = False, name
             break
     return {"validated": True, "ok": ok, "error": error or "", "instance": refused, "checked": checked,
-            "sglang": version, "parser": "sglang.srt.server_args.ServerArgs.add_cli_args",
+            "sglang": version, "version": version, "parser": "sglang.srt.server_args.ServerArgs.add_cli_args",
             "seconds": round(time.monotonic() - start, 2)}
 
 
-def parse_error(parser, argv):
-    """SGLang's own last line for ``argv`` (``sglang serve: error: ...``), or None when it parses."""
+def smg_main(argvs):
+    """The gateway's args (``python -m smg launch ARGS``) through smg's own ``parse_router_args``
+    (smg/launch_router.py: argparse, then RouterArgs' own checks); nothing is started."""
+    start = time.monotonic()
+    try:
+        from smg.launch_router import parse_router_args
+    except BaseException as exc:
+        return {"validated": False, "why": "smg.launch_router cannot be imported in %s: %s: %s"
+                % (sys.prefix, type(exc).__name__, str(exc).strip().splitlines()[0][:300] if str(exc) else "")}
+    version = ""
+    try:
+        from importlib import metadata
+        version = metadata.version("smg")
+    except Exception:
+        pass
+    ok, error, refused, checked = True, "", None, 0
+    for name, argv in argvs:
+        checked += 1
+        if not argv or argv[0] != "launch":
+            error = "smg: the args must start with the subcommand launch (python -m smg launch ...)"
+        else:
+            try:
+                error = parse_error(None, argv[1:], parse_router_args)
+            except (ValueError, TypeError) as exc:  # RouterArgs' own checks, after argparse's
+                error = "%s: %s" % (type(exc).__name__, exc)
+            if error is not None and ": error: " in error:  # argparse's prog is this script's name here
+                error = "smg launch: error: " + error.split(": error: ", 1)[1]
+        if error is not None:
+            ok, refused = False, name
+            break
+    return {"validated": True, "ok": ok, "error": error or "", "instance": refused, "checked": checked,
+            "version": version, "parser": "smg.launch_router.parse_router_args",
+            "seconds": round(time.monotonic() - start, 2)}
+
+
+def parse_error(parser, argv, parse=None):
+    """The parser's own last line for ``argv`` (``sglang serve: error: ...``), or None when it parses;
+    ``parse``: a program's own parse function, in place of ``parser.parse_args``."""
     err = io.StringIO()
     saved, sys.stderr = sys.stderr, err
     try:
-        parser.parse_args(argv)
+        if parse is not None:
+            parse(argv)
+        else:
+            parser.parse_args(argv)
         return None
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]

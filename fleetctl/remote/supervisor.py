@@ -52,18 +52,35 @@ def read_env(path):
 
 
 def alive(pid, marker):
-    """Running, not a zombie, and still the process we started (its cmdline holds ``marker``)."""
+    """Running, not a zombie, and still the process we started: its cmdline holds ``marker``'s first
+    line, or, for a server that rewrote its own cmdline (smg's setproctitle names it ``smg::router``),
+    its start time is the ``starttime N`` line recorded when it was started (a reused pid has another)."""
+    lines = marker.split("\n")
+    started = [line.split(" ", 1)[1] for line in lines[1:] if line.startswith("starttime ")]
     try:
         with open("/proc/%d/stat" % pid, "r") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return False
+            fields = handle.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return False
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return marker.encode() in handle.read()
+            if lines[0].encode() in handle.read():
+                return True
+        return bool(started) and fields[19] == started[0]  # field 22 of stat: start time in clock ticks
     except (IOError, OSError, IndexError):
         return False
 
 
+def start_time(pid):
+    """The process's start time (field 22 of /proc/PID/stat), or "" when it cannot be read."""
+    try:
+        with open("/proc/%d/stat" % pid, "r") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (IOError, OSError, IndexError):
+        return ""
+
+
 def read_pid(pidfile):
+    """(pid, marker): the marker is every line after the pid (the command, then its start time)."""
     try:
         with open(pidfile, "r") as handle:
             pid, _, marker = handle.read().partition("\n")
@@ -122,7 +139,7 @@ def spawn_server(cfg):
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=cfg.get("cwd") or "/", env=env, start_new_session=True, close_fds=True,
                                 preexec_fn=drop_to(user))
-    write_file(cfg["pidfile"], "%d\n%s\n" % (proc.pid, command[0]))
+    write_file(cfg["pidfile"], "%d\n%s\nstarttime %s\n" % (proc.pid, command[0], start_time(proc.pid)))
     return proc
 
 

@@ -4,7 +4,8 @@ Per host, one session (kept connections with ``--persist``): the release state (
 the history of switches), the service and its health, one ``nvidia-smi`` (its facts feed both the GPU
 health rules and the drift audit's GPU stack) and the venv's distributions. A part that fails on a
 reachable host (no venv, say) is kept as that part's error; the other parts still show. The journals
-are read on the controller. Nothing here decides a colour: that is ``report.py``.
+are read on the controller, and so are the gateways (``router_url``): each one's workers beside the
+workers the hosts' servers should be there. Nothing here decides a colour: that is ``report.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from fleetctl.drift import audit as drift
 from fleetctl.errors import ConnectError, FleetError, InputError
+from fleetctl.gateway.status import GatewayStatus, gateway_status
+from fleetctl.gateway.workers import expected_workers, gateways_of
 from fleetctl.gpu.collect import collect_gpu
 from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.inventory import Host
@@ -43,12 +46,14 @@ class ReportRequest:
     # The groups whose hosts must all run one release (None: every group): the CLI names the groups
     # without child groups, as a parent's children may run different releases on purpose.
     split_groups: tuple[str, ...] | None = None
+    gateways: tuple[str, ...] = ()  # every selected host's router_url, once each
+
 
     @classmethod
     def for_hosts(cls, hosts: Sequence[Host], runs_dir: Path, **options: Any) -> ReportRequest:
         return cls({h.name: Thresholds.from_vars(h.vars, h.name) for h in hosts},
                    {h.name: sorted(g for g in h.groups if g not in ("all", "ungrouped")) for h in hosts},
-                   runs_dir, **options)
+                   runs_dir, **options, gateways=tuple(sorted({g for h in hosts for g in gateways_of(h.name, h.vars)})))
 
 
 @dataclass
@@ -59,6 +64,7 @@ class HostGathered:
     gpu: HostHealth | None = None
     gpu_models: list[str] = field(default_factory=list)
     inventory: drift.HostInventory | None = None
+    workers: list[dict[str, Any]] = field(default_factory=list)  # the host's servers as gateway workers
     errors: dict[str, str] = field(default_factory=dict)  # part (release, gpu, drift) -> why it failed
 
 
@@ -68,6 +74,7 @@ class Gathered:
     hosts: dict[str, HostResult[HostGathered]]
     drift: drift.DriftReport
     runs: list[RunView]
+    gateways: list[GatewayStatus] = field(default_factory=list)
 
 
 def gather_host(session: HostContext, request: ReportRequest) -> HostGathered:
@@ -76,6 +83,8 @@ def gather_host(session: HostContext, request: ReportRequest) -> HostGathered:
         state = session.call("release_host", {"op": "state", **layout_for(session.vars).params()})
         out.history = [h for h in state.get("history") or [] if isinstance(h, dict)]
         out.release = status_host(session, state)
+        if out.release.current:
+            out.workers = expected_workers(session.name, session.vars, out.release.instances, out.release.current)
     except ConnectError:
         raise
     except FleetError as exc:
@@ -103,7 +112,10 @@ def gather_host(session: HostContext, request: ReportRequest) -> HostGathered:
 def gather(fleet: Fleet, request: ReportRequest) -> Gathered:
     """The one pass over the fleet, the drift audit over what it found, and the journals."""
     hosts = fleet.map(lambda ctx: gather_host(ctx, request))
-    return Gathered(request, hosts, audit(hosts, request), last_runs(request.runs_dir, request.runs, hosts))
+    workers = {n: HostResult(n, r.status, value=r.value.workers if r.value else None, reason=r.reason)
+               for n, r in hosts.items()}
+    return Gathered(request, hosts, audit(hosts, request), last_runs(request.runs_dir, request.runs, hosts),
+                    gateway_status(list(request.gateways), workers))
 
 
 def audit(hosts: Mapping[str, HostResult[HostGathered]], request: ReportRequest) -> drift.DriftReport:

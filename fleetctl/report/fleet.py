@@ -11,6 +11,9 @@ Each host row judges five things red / amber / green, always with a text verdict
   rolled back or never finished: amber; ok or changed: green; no run: nothing to judge);
 - release split: a host of a group whose hosts run different releases, off the group's majority
   release (every host of the group when none holds a majority): amber, naming each release's hosts;
+- gateway (hosts with ``router_url``): each of its servers registered and serving in each of its
+  gateways (green), else amber, saying which worker is out of which gateway and why (a gateway that
+  does not answer: amber, and a note); the gateways' own listings are a section of their own;
 - the host itself: unreachable or failed is red whatever else is known.
 The row's verdict is the worst of them; rows are sorted worst first, then by name.
 """
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetctl.drift import report as drift_report
+from fleetctl.gateway.status import GatewayStatus
 from fleetctl.gpu.health import HostHealth, Level
 from fleetctl.release.manage import HostStatus
 from fleetctl.report.data import Gathered, HostGathered
@@ -125,22 +129,41 @@ def split_verdict(host: str, splits: list[dict[str, Any]]) -> dict[str, Any] | N
     return None
 
 
+def gateway_verdict(host: str, gateways: list[GatewayStatus]) -> dict[str, Any]:
+    """The host's workers in its gateways (rows ``gateway_status`` joined to this host)."""
+    mine = [(g, w) for g in gateways for w in g.workers if w.host == host]
+    down = [g for g in gateways if g.error]
+    if not mine and not down:
+        return verdict("none", "no gateway", workers=[])
+    out = [f"{w.url} {w.status} in {g.url}: {w.why}" for g, w in mine if not w.serving]
+    out += [f"gateway {g.url} did not answer" for g in down]
+    rows = [{"gateway": g.url, **w.to_dict()} for g, w in mine]
+    if out:
+        return verdict("amber", "; ".join(out), workers=rows)
+    shown = ", ".join(sorted({g.url for g, _ in mine}))
+    return verdict("green", f"{len(mine)} worker{'s' if len(mine) != 1 else ''} serving in {shown}", workers=rows)
+
+
 def host_row(name: str, res: HostResult[HostGathered], groups: list[str], drift_v: dict[str, Any],
-             touch: Mapping[str, Any] | None, split: dict[str, Any] | None = None) -> dict[str, Any]:
+             touch: Mapping[str, Any] | None, split: dict[str, Any] | None = None,
+             gateway: dict[str, Any] | None = None) -> dict[str, Any]:
     g = res.value
     row: dict[str, Any] = {"host": name, "groups": groups, "status": res.status.value, "reason": res.reason,
                            "last_run": run_verdict(touch)}
     if g is None:
         unknown = verdict("none", "unknown (host not reached)")
         row.update(release={**unknown, "current": None, "previous": None}, instances=[],
-                   drift={**unknown, "counts": {}}, gpu={**unknown, "rule": None, "value": None, "models": []})
+                   drift={**unknown, "counts": {}}, gpu={**unknown, "rule": None, "value": None, "models": []},
+                   gateway={**unknown, "workers": []})
         row.update(level="red", problems=[f"{res.status.value}: {res.reason}"])
         return row
     row.update(release=release_verdict(g.release, g.errors.get("release")), instances=instances(g.release),
-               drift=drift_v, gpu=gpu_verdict(g.gpu, g.gpu_models, g.errors.get("gpu")))
+               drift=drift_v, gpu=gpu_verdict(g.gpu, g.gpu_models, g.errors.get("gpu")),
+               gateway=gateway or verdict("none", "no gateway", workers=[]))
     row["split"] = split
     parts = {"release": row["release"], **({"release split": split} if split else {}), "drift": row["drift"],
-             "GPU": row["gpu"], "last run": row["last_run"], **{f"instance {i['name']}": i for i in row["instances"]}}
+             "GPU": row["gpu"], "gateway": row["gateway"],
+             "last run": row["last_run"], **{f"instance {i['name']}": i for i in row["instances"]}}
     row["level"] = worst([p["level"] for p in parts.values()])
     row["problems"] = [f"{k}: {p['text']}" for k, p in parts.items() if p["level"] in ("red", "amber")]
     return row
@@ -186,7 +209,8 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
     touched = last_touch(g.runs)
     splits = release_splits(g)
     rows = [host_row(name, res, g.request.groups.get(name, []), drift_report.host_verdict(g.drift, name),
-                     touched.get(name), split_verdict(name, splits)) for name, res in g.hosts.items()]
+                     touched.get(name), split_verdict(name, splits), gateway_verdict(name, mine(g, name)))
+            for name, res in g.hosts.items()]
     rows.sort(key=lambda r: (RANK[r["level"]], r["host"]))
     histories = {n: r.value.history for n, r in g.hosts.items() if r.value is not None and r.value.history}
     times = [h["time"] for hs in histories.values() for h in hs if isinstance(h.get("time"), int | float)]
@@ -197,6 +221,7 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
     wanted = g.request.baseline_host
     if wanted and g.drift.baseline.host != wanted:
         notes.append(f"baseline host {wanted} did not answer: drift is judged against {g.drift.baseline.source}")
+    notes += [f"gateway {gw.url} did not answer: {gw.error}" for gw in g.gateways if gw.error]
     notes += [f"release split in group {sp['group']}: " + "; ".join(f"{rid} on {', '.join(hs)}"
                                                                     for rid, hs in sp["releases"].items())
               for sp in splits]
@@ -208,10 +233,18 @@ def build(g: Gathered, now: float | None = None) -> dict[str, Any]:
         "hosts": rows,
         "drift": drift_report.to_view(g.drift, g.request.show_all),
         "rollouts": [run.to_dict() for run in g.runs],
+        "gateways": [gw.to_dict() for gw in g.gateways],
         "timelines": [timeline(n, hs, start, now, palette) for n, hs in sorted(histories.items())],
         "window": {"start": start, "end": now},
         "notes": notes,
     }
+
+
+def mine(g: Gathered, host: str) -> list[GatewayStatus]:
+    """The gateways in front of ``host`` (its router_url), as the report found them."""
+    res = g.hosts.get(host)
+    urls = {u for w in (res.value.workers if res and res.value else []) for u in w["gateways"]}
+    return [gw for gw in g.gateways if gw.url in urls]
 
 
 def _summary_line(total: int, counts: Mapping[str, int]) -> str:

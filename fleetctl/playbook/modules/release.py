@@ -65,15 +65,15 @@ def release(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
         action = "stage" if staging else result.plan
         changed = result.previous != spec.release_id if staging else result.plan != "unchanged"
         diff = "".join(f"--- {path}\n{text}" for path, text in result.diffs.items() if text) if mc.diff else ""
-        steps = "".join(f"; {g.name}: {g.detail}" for g in result.gates if g.name.startswith("gateway"))
-        return TaskResult(changed=changed, msg=f"would {action} {spec.release_id}{steps}" if changed else "unchanged",
+        return TaskResult(changed=changed, msg=f"would {action} {spec.release_id}{gateway_steps(result.gates)}"
+                          if changed else "unchanged",
                           diff=diff, data=data)
     if result.outcome == "unchanged":
         return TaskResult(msg=f"{spec.release_id} already current and running", data=data,
                           release=spec.release_id)
     if result.outcome == "deployed":
         measured = [f"{g.name}: {g.detail}" for g in result.gates if g.numbers is not None]
-        extra = "".join(f"; {m}" for m in [*measured, result.note] if m)
+        extra = gateway_steps(result.gates) + "".join(f"; {m}" for m in [*measured, result.note] if m)
         how = " from its staged build" if result.staged else ""
         return TaskResult(changed=True, msg=f"deployed {result.release_id}{how} (was {result.previous or 'none'})"
                                             f"{extra}",
@@ -125,4 +125,10 @@ def _rollback(mc: ModuleContext, args: ReleaseArgs) -> TaskResult:
                           msg="rolled back but: " + "; ".join(f"{g.name}: {g.detail}" for g in out.gates if not g.ok))
     changed = out.outcome == "rolled-back"
     return TaskResult(changed=changed, data=data, release=out.to_id,
-                      msg=f"{out.from_id} -> {out.to_id}" if changed else out.note or f"{out.to_id} already current")
+                      msg=f"{out.from_id} -> {out.to_id}{gateway_steps(out.gates)}" if changed
+                      else out.note or f"{out.to_id} already current")
+
+
+def gateway_steps(gates: list[Any]) -> str:
+    """The gateway steps a change took (``router_url``), each "; name: detail", for the task's line."""
+    return "".join(f"; {g.name}: {g.detail}" for g in gates if g.name.startswith("gateway"))
