@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -118,10 +119,10 @@ def ruleset(table: str, addresses: dict[str, str], links: dict[str, HostLink]) -
         ip, fault = addresses[name], link.fault
         drops.append(f"ip saddr {ip} ip daddr {ip} accept")  # the host to itself: not over its link
         if fault.partition:
-            drops += [f"ip daddr {ip} drop", f"ip saddr {ip} drop"]
+            drops += [f"ip daddr {ip} counter drop", f"ip saddr {ip} counter drop"]
         elif fault.loss_pct:
             share = round(fault.loss_pct * 100)  # in hundredths of a percent
-            drops += [f"ip {end} {ip} numgen random mod 10000 < {share} drop" for end in ("daddr", "saddr")]
+            drops += [f"ip {end} {ip} numgen random mod 10000 < {share} counter drop" for end in ("daddr", "saddr")]
         if link.relay_port:
             nats.append(f"ip daddr {ip} tcp dport {SSH_PORT} ip saddr != {ip} dnat to {ip}:{link.relay_port}")
     body = ["  chain links_out {", "    type filter hook output priority 0; policy accept;",
@@ -157,3 +158,13 @@ def stop_relay(pid: int) -> None:
             os.kill(pid, signal.SIGTERM)
     except OSError:
         pass
+
+
+def dropped(directory: Path) -> dict[str, int]:
+    """Packets the lab's loss and partition rules dropped so far, per address (to and from it)."""
+    shown = subprocess.run(["nft", "list", "table", "ip", table_name(directory)], capture_output=True, text=True,
+                           check=False).stdout
+    counts: dict[str, int] = {}
+    for found in re.finditer(r"ip [ds]addr (\S+) .*counter packets (\d+)", shown):
+        counts[found[1]] = counts.get(found[1], 0) + int(found[2])
+    return counts
