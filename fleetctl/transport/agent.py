@@ -257,8 +257,9 @@ class AgentClient:
         if lost is not None and lost():
             self._drop()
             self._died = True
-            return ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): "
-                                           "the host's SSH server or network went away")
+            bastion = getattr(self.connector, "lost_bastion", lambda: "")()
+            return ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): " + (
+                f"its bastion {bastion} went away" if bastion else "the host's SSH server or network went away"))
         return self._fail(f"died ({type(exc).__name__})")
 
     def _answer(self, want_id: int, msg: dict[str, Any], deadline: float | None, timeout: float | None) -> Any:

@@ -343,6 +343,18 @@ class SSHConnector:
             if not become.STARTED.startswith(got) or not got:
                 raise BecomeError(self.host, f"unexpected output from sudo before the command: {got[:80]!r}")
 
+    def lost_bastion(self) -> str:
+        """The bastion (``host:port``, the first hop first) whose own connection is gone: what cut a
+        lost connection that went through it; "" when none is, or none is used."""
+        conn = self._conn
+        if conn is None or self.target.jump is None:
+            return ""
+        for hop, target in _hops(conn, self.target)[:-1]:
+            transport = hop.client.get_transport() if hop is not None and not isinstance(hop, str) else None
+            if transport is not None and not transport.is_active():
+                return f"{target.hostname}:{target.port}"
+        return ""
+
     @property
     def is_open(self) -> bool:
         """Whether closing it has anything to end (its connection)."""
