@@ -92,8 +92,12 @@ class ChannelStream:
         transport = self.channel.get_transport()
         if transport is None or not transport.is_active():
             return False
+        from paramiko import ChannelException
+
         try:
             transport.open_session(timeout=timeout).close()
+        except ChannelException:
+            return True  # refused (MaxSessions, say): the server answered
         except Exception:  # paramiko says "Timeout opening channel." as a bare SSHException
             return False
         return True

@@ -256,6 +256,8 @@ class SSHConnector:
 
         try:
             return conn.client.get_transport().open_session(timeout=self.target.connect_timeout, **sizes)
+        except paramiko.ChannelException:
+            raise  # the server answered: it refused the channel
         except paramiko.SSHException as exc:
             self.close()
             raise ConnectError(self.host, f"the host stopped answering: its connection opened no channel within "
