@@ -215,10 +215,12 @@ def lab_down(directory: Path | str, purge: bool = False) -> list[LabHostStatus]:
             result = list(pool.map(lambda h: _stop(paths, h), state.hosts)) if state else []
         if state:
             save_state(paths, state)
-            from fleetctl.lab import links, netfaults  # the lab's link shaping and faults go with it
+            from fleetctl.lab import links  # the lab's link shaping goes with it
 
             links.unshape(paths.directory, {h.name: h.address for h in state.hosts})
-            netfaults.clear(paths.directory)
+        from fleetctl.lab import netfaults  # and its faults' table and relays (its folder names them)
+
+        netfaults.clear(paths.directory)
         if purge and (paths.state.exists() or paths.client_key.exists()):
             shutil.rmtree(paths.directory)
     return result

@@ -51,7 +51,8 @@ class HostLink:
 
 
 def table_name(directory: Path) -> str:
-    return "fleetctl_lab_" + hashlib.sha256(str(directory).encode()).hexdigest()[:10]
+    """The lab's own table: named by its folder's absolute path (however the folder was given)."""
+    return "fleetctl_lab_" + hashlib.sha256(str(Path(directory).resolve()).encode()).hexdigest()[:10]
 
 
 def state_path(directory: Path) -> Path:
