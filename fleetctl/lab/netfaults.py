@@ -59,9 +59,13 @@ def state_path(directory: Path) -> Path:
     return directory / "links.json"
 
 
-def nft(script: str) -> None:
+def require_nft() -> None:
     if shutil.which("nft") is None:
         raise LabError("lab links need nft for delay, loss and partitions (apt-get install nftables)")
+
+
+def nft(script: str) -> None:
+    require_nft()
     done = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise LabError(f"nft: {done.stderr.strip() or done.stdout.strip()}")
@@ -84,11 +88,12 @@ def save(directory: Path, links: dict[str, HostLink]) -> None:
 
 def set_faults(directory: Path, addresses: dict[str, str], faults: dict[str, Fault]) -> None:
     """Give the named hosts these faults (Fault(): none); the other hosts keep theirs."""
+    require_nft()
     links = load(directory)
     try:
         for name, fault in faults.items():
             old = links.pop(name, HostLink(Fault()))
-            if old.fault.delay_ms == fault.delay_ms:
+            if old.fault.delay_ms == fault.delay_ms and (not fault.delay_ms or is_relay(old.relay_pid)):
                 link = HostLink(fault, old.relay_pid, old.relay_port)
             else:
                 stop_relay(old.relay_pid)
@@ -152,10 +157,18 @@ def start_relay(address: str, delay_ms: float) -> tuple[int, int]:
     return pid, port
 
 
-def stop_relay(pid: int) -> None:
-    """End a relay this module started (checked by its command line: a reused pid is left alone)."""
+def is_relay(pid: int) -> bool:
+    """Whether ``pid`` is a running relay (by its command line: a reused pid is not)."""
     try:
-        if pid and b"fleetctl.lab.relay" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return bool(pid) and b"fleetctl.lab.relay" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop_relay(pid: int) -> None:
+    """End a relay this module started (a pid reused since is left alone)."""
+    try:
+        if is_relay(pid):
             os.kill(pid, signal.SIGTERM)
     except OSError:
         pass
