@@ -49,6 +49,9 @@ sshd:
 	  apt-get update -qq && apt-get install -y -qq openssh-server openssh-client util-linux python3-venv \
 	    systemd sudo iproute2 >/dev/null; \
 	fi
+# nft (nftables): the lab links' delay, loss and partitions (fleetctl/lab/netfaults.py)
+	@command -v nft >/dev/null || { echo "installing nftables"; apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
 
 # gcc and Python.h: the import probe's tests build a real extension that references a missing symbol,
 # here and on a lab host (which sees this machine's /usr).

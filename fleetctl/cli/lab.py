@@ -106,22 +106,64 @@ def down(directory: Path, purge: bool) -> None:
 
 @lab.command("links")
 @_dir_option
-@click.option("--rate", metavar="RATE", help="Each host's upload and download cap (50M = 50 MB/s).")
-@click.option("--delay", "delay_ms", type=float, default=0.0, metavar="MS", help="Latency per packet (needs netem).")
-@click.option("--loss", "loss_pct", type=float, default=0.0, metavar="PCT", help="Packet loss (needs netem).")
-@click.option("--off", is_flag=True, help="Remove the lab's shaping.")
-def links(directory: Path, rate: str | None, delay_ms: float, loss_pct: float, off: bool) -> None:
-    """Give every lab host a link: a rate each way (tc on loopback), so transfers are network-bound."""
+@click.option("--rate", metavar="RATE", help="Every host's upload and download cap (50M = 50 MB/s; tc).")
+@click.option("--delay", "delay_ms", type=click.FloatRange(0, 60000), metavar="MS",
+              help="Hold each chunk to or from the host's ssh port MS each way (a relay; 0: none).")
+@click.option("--loss", "loss_pct", type=click.FloatRange(0, 100), metavar="PCT",
+              help="Drop this share of the host's packets each way (0: none).")
+@click.option("--partition/--heal", default=None, help="Drop every packet to and from the host (or stop).")
+@click.option("--host", "hosts", multiple=True, metavar="NAME",
+              help="The host(s) --delay, --loss, --partition and --off apply to (repeatable; default: all).")
+@click.option("--off", "--clear", "off", is_flag=True, help="Remove the lab's shaping and faults.")
+def links(directory: Path, rate: str | None, delay_ms: float | None, loss_pct: float | None,
+          partition: bool | None, hosts: tuple[str, ...], off: bool) -> None:
+    """Give lab hosts links: a rate each way (tc on loopback), latency, loss or a partition
+    (nf_tables rules of the lab's own table); each call changes only what it names."""
     from fleetctl.cli.models_sync import parse_rate
-    from fleetctl.lab import lab_status
+    from fleetctl.lab import lab_status, netfaults
     from fleetctl.lab import links as core
 
     addresses = {s.name: s.address for s in lab_status(directory)}
     if not addresses:
         raise click.UsageError(f"no lab in {directory}")
-    if off or not rate:
-        core.unshape(directory, addresses)
-        click.echo(f"links of {len(addresses)} lab hosts: unshaped")
+    unknown = [h for h in hosts if h not in addresses]
+    if unknown:
+        raise click.UsageError(f"no lab host {unknown[0]} in {directory} (hosts: {', '.join(addresses)})")
+    if rate and hosts:
+        raise click.UsageError("--rate applies to every lab host; --host picks those of --delay, --loss, --partition")
+    names = list(hosts) or list(addresses)
+    if off or (rate is None and delay_ms is None and loss_pct is None and partition is None):
+        if not hosts:
+            core.unshape(directory, addresses)
+            netfaults.clear(directory)
+            click.echo(f"links of {len(addresses)} lab hosts: unshaped, no faults")
+            return
+        netfaults.set_faults(directory, addresses, {h: netfaults.Fault() for h in names})
+        click.echo(f"links of {', '.join(names)}: no faults")
         return
-    core.shape(directory, addresses, core.LinkSpec(parse_rate(rate), delay_ms, loss_pct))
-    click.echo(f"links of {len(addresses)} lab hosts: {rate} each way")
+    if rate:
+        core.shape(directory, addresses, core.LinkSpec(parse_rate(rate)))
+        click.echo(f"links of {len(addresses)} lab hosts: {rate} each way")
+    if delay_ms is not None or loss_pct is not None or partition is not None:
+        _set_faults(directory, addresses, names, delay_ms, loss_pct, partition)
+
+
+def _set_faults(directory: Path, addresses: dict[str, str], names: list[str], delay_ms: float | None,
+                loss_pct: float | None, partition: bool | None) -> None:
+    """The named hosts' faults, with what was not given kept from before."""
+    from fleetctl.lab import netfaults
+
+    before = netfaults.load(directory)
+    faults = {}
+    for name in names:
+        old = before[name].fault if name in before else netfaults.Fault()
+        faults[name] = netfaults.Fault(old.delay_ms if delay_ms is None else delay_ms,
+                                       old.loss_pct if loss_pct is None else loss_pct,
+                                       old.partition if partition is None else partition)
+    netfaults.set_faults(directory, addresses, faults)
+    for name in names:
+        fault = faults[name]
+        said = [f"{fault.delay_ms:g} ms delay each way"] * bool(fault.delay_ms)
+        said += [f"{fault.loss_pct:g}% loss each way"] * bool(fault.loss_pct)
+        said += ["partitioned (every packet dropped)"] * fault.partition
+        click.echo(f"link of {name}: {', '.join(said) or 'no faults'}")

@@ -220,6 +220,9 @@ def lab_down(directory: Path | str, purge: bool = False) -> list[LabHostStatus]:
             from fleetctl.lab import links  # the lab's link shaping goes with it
 
             links.unshape(paths.directory, {h.name: h.address for h in state.hosts})
+        from fleetctl.lab import netfaults  # and its faults' table and relays (its folder names them)
+
+        netfaults.clear(paths.directory)
         if purge and (paths.state.exists() or paths.client_key.exists()):
             shutil.rmtree(paths.directory)
     return result

@@ -10,8 +10,9 @@ The hosts share this machine's loopback, so the shaping is tc on ``lo``, per lab
   HTB class per host is chosen by destination address.
 Traffic of other addresses is never classified (HTB's default 0 passes it straight through), so
 other labs and the machine's own loopback traffic are untouched; each lab's filters sit at a
-priority of their own and are removed with it. Latency and loss need sch_netem, which this kernel
-may lack: asked for there, they are refused in one line (rate shaping does not need it).
+priority of their own and are removed with it. A host's traffic to itself (the delay relay's hop to
+its sshd among it) never crosses its link and is passed unshaped. This kernel has no sch_netem:
+latency, loss and partitions are nf_tables rules and a relay (fleetctl/lab/netfaults.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ MARK = "# fleetctl lab links"
 @dataclass(frozen=True)
 class LinkSpec:
     rate: float  # bytes per second, each way, per host
-    delay_ms: float = 0.0
-    loss_pct: float = 0.0
 
 
 def tc(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -86,8 +85,6 @@ def match(dev: str, prio: int, field: str, address: str, flowid: str) -> None:
 
 def shape(directory: Path, addresses: dict[str, str], spec: LinkSpec) -> None:
     """Cap every lab host's upload and download at ``spec.rate`` (replacing what was set before)."""
-    if (spec.delay_ms or spec.loss_pct) and not netem_available():
-        raise LabError("latency and loss need sch_netem, which this machine's kernel lacks (rate works without it)")
     unshape(directory, addresses)
     prio, ifb = lab_prio(list(addresses.values())), ifb_name(directory)
     ensure_root("lo")
@@ -100,11 +97,11 @@ def shape(directory: Path, addresses: dict[str, str], spec: LinkSpec) -> None:
     for name, address in addresses.items():
         minor = class_minor(address)
         add_class("lo", minor, spec.rate)
-        if spec.delay_ms or spec.loss_pct:  # on the upload side only: a packet is delayed once
-            tc("qdisc", "replace", "dev", "lo", "parent", f"1:{minor}", "netem", "delay", f"{spec.delay_ms}ms",
-               "loss", f"{spec.loss_pct}%")
-        match("lo", prio, "src", address, f"1:{minor}")
         add_class(ifb, minor, spec.rate)
+        for dev in ("lo", ifb):  # the host to itself first, unshaped (1:0: HTB's direct queue)
+            tc("filter", "add", "dev", dev, "parent", ROOT, "protocol", "ip", "prio", str(prio), "u32",
+               "match", "ip", "src", f"{address}/32", "match", "ip", "dst", f"{address}/32", "flowid", "1:0")
+        match("lo", prio, "src", address, f"1:{minor}")
         match(ifb, prio, "dst", address, f"1:{minor}")
         tc("filter", "add", "dev", "lo", "parent", "ffff:", "protocol", "ip", "prio", str(prio), "u32",
            "match", "ip", "dst", f"{address}/32", "action", "mirred", "egress", "redirect", "dev", ifb)
@@ -128,15 +125,6 @@ def unshape(directory: Path, addresses: dict[str, str]) -> None:
         tc("qdisc", "del", "dev", "lo", "root", check=False)
         if not tc("filter", "show", "dev", "lo", "parent", "ffff:", check=False).stdout.strip():
             tc("qdisc", "del", "dev", "lo", "ingress", check=False)
-
-
-def netem_available() -> bool:
-    """sch_netem loaded, or loadable by tc (tried in a throwaway network namespace)."""
-    if Path("/sys/module/sch_netem").exists():
-        return True
-    probe = subprocess.run(["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root", "netem"],
-                           capture_output=True, text=True, check=False)
-    return probe.returncode == 0
 
 
 def ssh_config(directory: Path, name: str) -> Path:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fleetctl.errors import HostError
+from fleetctl.errors import FleetError, HostError
 from fleetctl.liveness import holder_alive
 from fleetctl.release.service import HostLayout
 from fleetctl.transport.base import HostSession
@@ -31,8 +31,15 @@ def host_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any],
     broke = take_lock(session, layout, holder, break_lock, wait)
     try:
         yield broke
-    finally:
-        free_lock(session, layout)
+    except BaseException:
+        # The deploy failed: what failed it is what the user must read. A host that stopped
+        # answering cannot be told to unlock, and need not be: the lock is its agent's flock.
+        try:
+            free_lock(session, layout)
+        except FleetError:
+            pass
+        raise
+    free_lock(session, layout)
 
 
 def take_lock(session: HostSession, layout: HostLayout, holder: dict[str, Any], break_lock: bool = False,

@@ -28,6 +28,7 @@ REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
 MAX_NOISE = 64 * 1024  # login-file chatter tolerated before the hello
 MAX_MESSAGE = 256 * 1024 * 1024
+SILENT_CHECK_S = 10.0  # after a timed-out call: how long the connection may take to open a channel
 # Modules that import user code: run in a child interpreter even when the agent runs the same
 # python, so nothing they import stays loaded in the agent (stale after a deploy).
 OWN_PROCESS_MODULES = frozenset({"importprobe"})
@@ -186,6 +187,17 @@ class AgentClient:
         self._died = True
         return AgentError(self.host, f"agent {why}" + (f": {tail}" if tail else ""))
 
+    def _timed_out(self, timeout: float | None) -> Exception:
+        """No answer in time: the host stopped answering (its connection opens no channel either: a
+        partition, a frozen host), or the agent's operation hung on a host that still answers."""
+        answers = getattr(self._stream, "answers", None)
+        if answers is not None and not answers(SILENT_CHECK_S):
+            self._drop()
+            self._died = True
+            return ConnectError(self.host, f"the host stopped answering: no answer within {timeout:g}s, and "
+                                            f"none on its SSH connection within {SILENT_CHECK_S:g}s more")
+        return self._fail(f"gave no answer within {timeout:g}s (stopped)")
+
     # -- framing ---------------------------------------------------------------------------
     def _recv_exact(self, n: int, deadline: float | None) -> bytes:
         assert self._stream is not None
@@ -245,8 +257,9 @@ class AgentClient:
         if lost is not None and lost():
             self._drop()
             self._died = True
-            return ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): "
-                                           "the host's SSH server or network went away")
+            bastion = getattr(self.connector, "lost_bastion", lambda: "")()
+            return ConnectError(self.host, f"connection lost during the run ({type(exc).__name__}): " + (
+                f"its bastion {bastion} went away" if bastion else "the host's SSH server or network went away"))
         return self._fail(f"died ({type(exc).__name__})")
 
     def _answer(self, want_id: int, msg: dict[str, Any], deadline: float | None, timeout: float | None) -> Any:
@@ -257,7 +270,7 @@ class AgentClient:
                 raise self._fail(f"sent a {size}-byte message (limit {MAX_MESSAGE})")
             answer = json.loads(self._recv_exact(size, deadline))
         except TimeoutError:
-            raise self._fail(f"gave no answer within {timeout:g}s (stopped)") from None
+            raise self._timed_out(timeout) from None
         except (EOFError, OSError) as exc:
             raise self._lost(exc) from None
         if answer.get("id") != want_id:

@@ -86,6 +86,22 @@ class ChannelStream:
             time.sleep(0.05)  # the transport notices a dropped socket just after its channels do
         return transport is None or not transport.is_active()
 
+    def answers(self, timeout: float) -> bool:
+        """Whether the SSH connection under this channel still answers: the server opens another
+        channel on it within ``timeout`` (a silent host or network: it does not)."""
+        transport = self.channel.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        from paramiko import ChannelException
+
+        try:
+            transport.open_session(timeout=timeout).close()
+        except ChannelException:
+            return True  # refused (MaxSessions, say): the server answered
+        except Exception:  # paramiko says "Timeout opening channel." as a bare SSHException
+            return False
+        return True
+
     def stderr_tail(self) -> str:
         self._drain_stderr()
         return tail_text(b"".join(self._err))

@@ -198,7 +198,7 @@ class SSHConnector:
 
         conn = self._open()
         start = time.monotonic()
-        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout)
+        chan = self._session(conn)
         # The shell says its pid first: with become it is the shell under sudo, which _kill_group
         # then signals through sudo too.
         try:
@@ -248,6 +248,20 @@ class SSHConnector:
         finally:
             close_quietly(chan)
         return CommandResult(command, rc, out.text(), err.text(), time.monotonic() - start)
+
+    def _session(self, conn: Any, **sizes: int) -> Any:
+        """A new channel on the open connection; a connection that no longer answers (its host or
+        the network between gone silent: nothing refused, nothing closed) is unreachable, in one line."""
+        import paramiko
+
+        try:
+            return conn.client.get_transport().open_session(timeout=self.target.connect_timeout, **sizes)
+        except paramiko.ChannelException:
+            raise  # the server answered: it refused the channel
+        except paramiko.SSHException as exc:
+            self.close()
+            raise ConnectError(self.host, f"the host stopped answering: its connection opened no channel within "
+                                          f"{self.target.connect_timeout:g}s ({exc})") from None
 
     def _kill_group(self, pid: int | None) -> bool:
         """End a timed-out command and everything it started (its process group) on the host; False
@@ -312,9 +326,7 @@ class SSHConnector:
             conn.sftp().remove(staged)
 
     def open_stream(self, command: str) -> ChannelStream:
-        conn = self._open()
-        chan = conn.client.get_transport().open_session(timeout=self.target.connect_timeout,
-                                                        window_size=STREAM_WINDOW, max_packet_size=STREAM_PACKET)
+        chan = self._session(self._open(), window_size=STREAM_WINDOW, max_packet_size=STREAM_PACKET)
         stream = ChannelStream(chan)
         try:
             self._exec(chan, command)
@@ -332,6 +344,18 @@ class SSHConnector:
             got += stream.recv(len(become.STARTED) - len(got), max(0.0, deadline - time.monotonic()))
             if not become.STARTED.startswith(got) or not got:
                 raise BecomeError(self.host, f"unexpected output from sudo before the command: {got[:80]!r}")
+
+    def lost_bastion(self) -> str:
+        """The bastion (``host:port``, the first hop first) whose own connection is gone: what cut a
+        lost connection that went through it; "" when none is, or none is used."""
+        conn = self._conn
+        if conn is None or self.target.jump is None:
+            return ""
+        for hop, target in _hops(conn, self.target)[:-1]:
+            transport = hop.client.get_transport() if hop is not None and not isinstance(hop, str) else None
+            if transport is not None and not transport.is_active():
+                return f"{target.hostname}:{target.port}"
+        return ""
 
     @property
     def is_open(self) -> bool:
