@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 MASK = "********"
 MIN_LENGTH = 4
+PENDING_LIMIT = 1 << 16  # a line longer than this is written in pieces (a secret across two may show)
 
 
 class Registry:
@@ -99,6 +100,8 @@ class RedactingStream(io.TextIOBase):
             if newline:
                 self._pending = tail
                 self.inner.write(self._registry.redact(head + newline))
+            if len(self._pending) > PENDING_LIMIT:  # an endless line: out in pieces, not held (nor quadratic)
+                self.flush()
         return len(text)
 
     def flush(self) -> None:
