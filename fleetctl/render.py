@@ -68,6 +68,7 @@ def _secret_spans(plain: str) -> list[tuple[int, int]]:
 def print_diff(out: Any, text: str) -> None:
     """A diff never cut: on a terminal coloured and wrapped at its width; elsewhere (a pipe, a log) the
     text itself, whole lines, as no width applies there."""
+    text = redact.redact(text)  # before a terminal's wrapping could split a secret
     if not out.is_terminal:
         out.file.write(text if text.endswith("\n") else text + "\n")
         out.file.flush()
