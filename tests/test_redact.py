@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,6 @@ from fleetctl import redact, render
 from fleetctl.redact import MASK, RedactingStream, Registry
 
 SECRET = 'tok-"quoted"\\back-é-1234'  # JSON and repr escape it: masked in those forms too
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry() -> Iterator[None]:
-    redact.REGISTRY.clear()
-    yield
-    redact.REGISTRY.clear()
 
 
 def test_short_values_are_not_registered_and_longest_wins() -> None:
