@@ -7,16 +7,19 @@ that the sick release passes as an argument its server rejects, so the server pr
 failed gate's log tail carries it. The story, every command a real process: deploy, a second deploy
 under ``-vv``, the sick deploy (gate fails, rolled back) with ``--json`` and ``-vv``, ``rollback``,
 ``status``, ``logs``, a playbook with ``--events`` and with ``--json -vv``, ``report`` (HTML and
-``--json``) and ``hosts``. Then every output is searched for each secret: stdout, stderr, the run
-journals, the crash-log folder, the HTML page and the host's own state file. A become password is on
-no command line: the host's processes are read while a become command runs.
+``--json``), ``hosts``, and ``status`` over a kept connection. Then every output is searched for
+each secret: stdout, stderr, the run journals, the crash-log folder, the connection server's log,
+the HTML page and the host's own state file. A become password is on no command line: the host's
+processes are read while a become command runs.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,6 +35,7 @@ from service_cleanup import clean_releases
 
 from fleetctl.lab.accounts import LAB_PASSWORD
 from fleetctl.secrets import MASK
+from fleetctl.transport import mux
 from fleetctl.vault import encrypt
 
 pytestmark = pytest.mark.lab
@@ -153,9 +157,13 @@ def test_no_secret_reaches_any_output_of_a_whole_story(lab_fleet: LabHandle, pla
     page = tmp_path / "page.html"
     story("-l", HOST, *log_token, "report", "--output", str(page), "--json", rc=None)
     story("-vv", *log_token, "hosts", "--json")
+    try:  # kept connections: the connection server's own log is an output too
+        story("--persist", "60", "-vv", "-l", HOST, "status", "--json")
+    finally:
+        mux.stop_server(mux.socket_path(tmp_path / "home" / "mux"))
 
-    files = [p for folder in (planted.parent / ".fleetctl", tmp_path / "home" / "logs") if folder.exists()
-             for p in sorted(folder.rglob("*")) if p.is_file()]
+    files = [p for folder in (planted.parent / ".fleetctl", tmp_path / "home") if folder.exists()
+             for p in sorted(folder.rglob("*")) if p.is_file()]  # journals; crash and server logs
     assert any(p.suffix == ".jsonl" for p in files), "no run journal was written: nothing searched there"
     outputs = [*story.outputs, *((str(p), p.read_text(errors="replace")) for p in files),
                ("report page", page.read_text())]
@@ -164,15 +172,30 @@ def test_no_secret_reaches_any_output_of_a_whole_story(lab_fleet: LabHandle, pla
     assert not found, "\n".join(found)
 
 
+# Run on the host under sudo: the command lines of the command's ancestors (its shell, sudo, the
+# shell sshd started, sshd) and of every process of fleetop, base64 (no output masking applies).
+CMDLINES = textwrap.dedent("""\
+    import base64, json, os, pwd
+    def read(pid, name):
+        try:
+            return open("/proc/%s/%s" % (pid, name), "rb").read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+    uid, pid, lines = pwd.getpwnam("fleetop").pw_uid, os.getpid(), []
+    while pid > 1:
+        lines.append(read(pid, "cmdline").replace("\\0", " "))
+        pid = int(next(l.split()[1] for l in read(pid, "status").splitlines() if l.startswith("PPid:")))
+    lines += [read(p, "cmdline").replace("\\0", " ") for p in os.listdir("/proc")
+              if p.isdigit() and "Uid:\\t%d\\t" % uid in read(p, "status")]
+    print(base64.b64encode(json.dumps(lines).encode()).decode())
+    """)
+
+
 def test_the_become_password_is_on_no_command_line(lab_fleet: LabHandle, planted: Path, tmp_path: Path) -> None:
-    """While a become command runs, every command line on the host (sshd's, the shell's, sudo's and
-    the command's own) is read; sudo got the password on stdin, so none holds it."""
-    story = Story(planted, tmp_path)
-    proc = story("-l", HOST, "shell", "--json",
-                 "cat /proc/[0-9]*/cmdline | base64 -w0; echo; id -un")
-    out = proc.stdout
-    encoded = re.search(r'"stdout": "([A-Za-z0-9+/=]+)\\n', out)
-    assert encoded is not None, out
-    cmdlines = base64.b64decode(encoded.group(1)).decode(errors="replace").replace("\0", " ")
-    assert "sudo -H -S -p" in cmdlines and '\\nroot\\n"' in out  # sudo's own line was read, as root
-    assert LAB_PASSWORD not in cmdlines
+    """While a become command runs, the command lines of its ancestors (sudo's among them) and of
+    every process of the login user are read: sudo got the password on stdin, so none holds it."""
+    proc = Story(planted, tmp_path)("-l", HOST, "shell", "--json", f"/usr/bin/python3 -c {shlex.quote(CMDLINES)}")
+    stdout = json.loads(proc.stdout)["hosts"][HOST]["value"]["stdout"]
+    cmdlines = json.loads(base64.b64decode(stdout))
+    assert any(line.startswith("sudo -H -S -p ") for line in cmdlines), cmdlines  # sudo's own line was read
+    assert [line for line in cmdlines if LAB_PASSWORD in line] == []
