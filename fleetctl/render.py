@@ -7,6 +7,7 @@ it), and again by the streams themselves (``redact.py``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -22,6 +23,14 @@ STATUS_STYLE = {Status.OK: "green", Status.FAILED: "red", Status.UNREACHABLE: "m
 
 
 def console(stderr: bool = False) -> Any:
+    out = _redacting_console()(stderr=stderr, highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 140  # a log or a pipe: release ids and paths need not wrap at 80 columns
+    return out
+
+
+@functools.cache
+def _redacting_console() -> Any:
     from rich.console import Console
 
     class RedactingConsole(Console):
@@ -30,10 +39,7 @@ def console(stderr: bool = False) -> Any:
         def print(self, *objects: Any, **kwargs: Any) -> None:
             super().print(*(masked_renderable(o) for o in objects), **kwargs)
 
-    out = RedactingConsole(stderr=stderr, highlight=False, soft_wrap=False)
-    if not out.is_terminal and "COLUMNS" not in os.environ:
-        out.width = 140  # a log or a pipe: release ids and paths need not wrap at 80 columns
-    return out
+    return RedactingConsole
 
 
 def masked_renderable(value: Any) -> Any:
