@@ -1,16 +1,20 @@
 """Output for people (rich tables on a terminal) and for programs (one JSON document).
 
-The core returns data; this module alone decides how it looks. No core module prints.
+The core returns data; this module alone decides how it looks. No core module prints. Secrets are
+masked here before the text is laid out (a table may fold a long value across lines, JSON escapes
+it), and again by the streams themselves (``redact.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from fleetctl import redact
 from fleetctl.transport.base import HostResult, Status
 
 T = TypeVar("T")
@@ -19,17 +23,58 @@ STATUS_STYLE = {Status.OK: "green", Status.FAILED: "red", Status.UNREACHABLE: "m
 
 
 def console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    out = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out = _redacting_console()(stderr=stderr, highlight=False, soft_wrap=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = 140  # a log or a pipe: release ids and paths need not wrap at 80 columns
     return out
 
 
+@functools.cache
+def _redacting_console() -> Any:
+    from rich.console import Console
+
+    class RedactingConsole(Console):
+        """Strings and rich texts masked before rich lays them out (wrapping could split a secret)."""
+
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            super().print(*(masked_renderable(o) for o in objects), **kwargs)
+
+    return RedactingConsole
+
+
+def masked_renderable(value: Any) -> Any:
+    """A str or rich Text with every registered secret masked (styles kept); other renderables as given."""
+    from rich.text import Text
+
+    if isinstance(value, str):
+        return redact.redact(value)
+    if not isinstance(value, Text) or redact.redact(value.plain) == value.plain:
+        return value
+    out, start = Text(), 0
+    for at, end in _secret_spans(value.plain):
+        out.append(value[start:at])
+        out.append(redact.MASK)
+        start = end
+    out.append(value[start:])
+    return out
+
+
+def _secret_spans(plain: str) -> list[tuple[int, int]]:
+    """Where the registered secrets are in ``plain``, in order, none overlapping (longest first wins)."""
+    spans: list[tuple[int, int]] = []
+    for secret in redact.REGISTRY.values:
+        at = plain.find(secret)
+        while at != -1:
+            if all(end <= at or at + len(secret) <= start for start, end in spans):
+                spans.append((at, at + len(secret)))
+            at = plain.find(secret, at + 1)
+    return sorted(spans)
+
+
 def print_diff(out: Any, text: str) -> None:
     """A diff never cut: on a terminal coloured and wrapped at its width; elsewhere (a pipe, a log) the
     text itself, whole lines, as no width applies there."""
+    text = redact.redact(text)  # before a terminal's wrapping could split a secret
     if not out.is_terminal:
         out.file.write(text if text.endswith("\n") else text + "\n")
         out.file.flush()
@@ -46,8 +91,8 @@ def emit_json(doc: Any) -> None:
     """``--json`` output: indented down to each host's entry, each value below on one line.
 
     json's indenting encoder is pure Python: on a 32-host ``probe grep --json`` (2.5 MB) it took
-    170 ms, the C encoder that writes a value on one line 23 ms."""
-    sys.stdout.write(_json_text(doc, 0) + "\n")
+    170 ms, the C encoder that writes a value on one line 23 ms. Secrets masked before JSON escapes them."""
+    sys.stdout.write(_json_text(redact.redact_obj(doc), 0) + "\n")
 
 
 def _json_text(value: Any, level: int) -> str:
@@ -68,7 +113,7 @@ def write_atomic(path: Any, text: str) -> None:
 
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(redact.redact(text), encoding="utf-8")
     tmp.replace(target)
 
 
@@ -115,8 +160,8 @@ def cell(value: Any) -> Any:
     from rich.text import Text
 
     if isinstance(value, Text):
-        return value
-    return Text("" if value is None else str(value))
+        return masked_renderable(value)
+    return Text("" if value is None else redact.redact(str(value)))
 
 
 def status_text(res: HostResult[Any]) -> Any:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fleetctl import redact
 from fleetctl.vault import VaultStr
 
-MASK = "********"
+MASK = redact.MASK
 # Secrets by their nature: masked wherever vars are shown, without being listed in secret_vars.
 SECRET_ANSIBLE_VARS = frozenset({
     "ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_ssh_private_key_passphrase",
@@ -63,6 +64,17 @@ def secret_values(host_vars: Mapping[str, Any]) -> list[str]:
     return sorted(values, key=lambda v: (-len(v), v))
 
 
+def register_declared(all_host_vars: Iterable[Mapping[str, Any]]) -> None:
+    """Register with ``redact.py`` the values of every host's ``secret_vars`` and of the password and
+    passphrase variables (``-e`` ones included: they are host variables). Cheap: only those names are
+    read, their templates rendered; vault values were registered when decrypted."""
+    for host_vars in all_host_vars:
+        listed = host_vars.get("secret_vars") or []
+        names = {str(n) for n in listed} if isinstance(listed, list | tuple) else {str(listed)}
+        names |= SECRET_ANSIBLE_VARS & host_vars.keys()
+        redact.register(str(_rendered(host_vars, n)) for n in names if host_vars.get(n) not in (None, ""))
+
+
 def mask_values(text: str, values: Iterable[str]) -> str:
     """``text`` with every occurrence of each value (longest first) replaced by the mask."""
     for value in values:
@@ -76,22 +88,28 @@ class Redactor:
 
     def __init__(self, values: Iterable[str]) -> None:
         self.values = sorted({v for v in values if v}, key=lambda v: (-len(v), v))
+        redact.register(self.values)
 
     def learn(self, values: Iterable[str]) -> None:
-        """Mask these too from now on (a vault file a template read mid-run)."""
+        """Mask these too from now on (a vault file a template read mid-run), here and in every output."""
         self.values = sorted({*self.values, *(v for v in values if v)}, key=lambda v: (-len(v), v))
+        redact.register(self.values)
 
     @classmethod
     def for_hosts(cls, host_vars: Iterable[Mapping[str, Any]]) -> Redactor:
         return cls(v for hv in host_vars for v in secret_values(hv))
 
     def __call__(self, value: Any) -> Any:
+        """Its own values masked (short ones too), then every value the process registered."""
+        return redact.redact_obj(self._own(value))
+
+    def _own(self, value: Any) -> Any:
         if not self.values:
             return value
         if isinstance(value, str):
             return mask_values(value, self.values)
         if isinstance(value, list | tuple):
-            return [self(v) for v in value]
+            return [self._own(v) for v in value]
         if isinstance(value, dict):
-            return {k: self(v) for k, v in value.items()}
+            return {k: self._own(v) for k, v in value.items()}
         return value

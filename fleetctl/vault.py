@@ -4,9 +4,10 @@ PBKDF2-HMAC-SHA256 (10,000 rounds, a 32-byte salt). Checked against files made b
 ``ansible-vault`` (tests/test_vault.py).
 
 A decrypted value is a ``VaultStr``: a ``str`` that secrets.py treats as a secret wherever it goes
-(masked in output, --json and run journals) without being listed in ``secret_vars``. Which
-passwords exist is decided once at the CLI (``--vault-password-file``, ``--vault-id``,
-``--ask-vault-pass``) and passed down as a ``Vault``: no global state.
+(masked in output, --json and run journals) without being listed in ``secret_vars``; it is
+registered with ``redact.py`` when made, and so is each vault password. Which passwords exist is
+decided once at the CLI (``--vault-password-file``, ``--vault-id``, ``--ask-vault-pass``) and
+passed down as a ``Vault``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetctl import redact
 from fleetctl.errors import InputError
 
 HEADER = "$ANSIBLE_VAULT"
@@ -30,15 +32,24 @@ class VaultError(InputError):
 
 
 class VaultStr(str):
-    """A value decrypted from a vault: a secret wherever it goes."""
+    """A value decrypted from a vault: a secret wherever it goes (masked in every output from the
+    moment it exists: ``redact.py``)."""
 
     __slots__ = ()
+
+    def __new__(cls, value: object = "") -> VaultStr:
+        made = super().__new__(cls, value)
+        redact.register([str.__str__(made)])
+        return made
 
 
 @dataclass(frozen=True)
 class VaultSecret:
     label: str
     password: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        redact.register([self.password.decode("utf-8", "replace").strip()])
 
 
 def is_encrypted(data: str | bytes) -> bool:

@@ -74,6 +74,14 @@ def lab_fleet() -> Iterator[LabHandle]:
 
 
 @pytest.fixture(autouse=True)
+def _no_secrets_from_an_earlier_test() -> None:
+    """The redaction registry is per process: one test's secrets never mask another's output."""
+    from fleetctl import redact
+
+    redact.REGISTRY.clear()
+
+
+@pytest.fixture(autouse=True)
 def _restore_lab_fleet(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test, bring back any session-lab host it stopped or rekeyed."""
     yield

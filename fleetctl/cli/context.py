@@ -75,9 +75,11 @@ class AppContext:
                 raise InputError("no inventory: pass -i PATH, set FLEETCTL_INVENTORY or 'inventory' in "
                                  "fleetctl.cfg/ansible.cfg")
             from fleetctl.inventory import load_inventory
+            from fleetctl.secrets import register_declared
 
             with collector_paused():
                 self._inventory = load_inventory(paths, self.extra_vars, self.vault)
+            register_declared(h.vars for h in self._inventory.hosts.values())  # masked in every output
         return self._inventory
 
     def reload_inventory(self) -> Inventory:

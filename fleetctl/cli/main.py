@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from fleetctl import __version__
+from fleetctl import __version__, redact
 from fleetctl.cli import global_options
 from fleetctl.cli.context import AppContext, LoginOptions
 from fleetctl.errors import ExitCode, FleetError
@@ -98,7 +98,11 @@ def cli(ctx: click.Context, inventory_paths: tuple[str, ...], limit: str | None,
     """
     from fleetctl.config import find_config, load_config
 
+    redact.REGISTRY.clear()  # this command's secrets only (a test runs many commands in one process)
+    if not isinstance(sys.stdout, redact.RedactingStream):  # called without main() (click's CliRunner)
+        ctx.call_on_close(redact.install())
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    redact.filter_log_handlers()
     global_options.set_logging(verbose)
     config = load_config(find_config())
     if config.warning():
@@ -113,12 +117,21 @@ def _crash_log() -> Path:
     folder = Path(os.environ.get("FLEETCTL_LOG_DIR", "~/.cache/fleetctl")).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text(traceback.format_exc())
+    path.write_text(redact.redact(traceback.format_exc()))
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: every expected error is one line on stderr; the exit code says what happened."""
+    """Entry point: every expected error is one line on stderr; the exit code says what happened.
+    Everything it writes goes through the redaction layer (``fleetctl/redact.py``)."""
+    restore = redact.install()
+    try:
+        return _main(argv)
+    finally:
+        restore()
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -24,6 +24,10 @@ def connect_options(user: str | None, private_key: str | None, become: bool, bec
         password = click.prompt("BECOME password", hide_input=True, err=True, default="", show_default=False)
     elif ask_become_pass:  # piped in (a script, a test): one line, no echo warnings
         password = sys.stdin.readline().rstrip("\r\n")
+    if password:
+        from fleetctl import redact
+
+        redact.register([password])  # masked in every output (redact.py)
     key = str(Path(private_key).expanduser().absolute()) if private_key else None
     return ConnectOptions(user=user, private_key=key, become=become or become_user is not None,
                           become_user=become_user, become_password=password)

@@ -33,8 +33,12 @@ def duration(seconds: Any) -> str:
 def _environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+    from fleetctl import redact
+
+    # finalize: every value a page shows has its secrets masked before it is escaped (redact.py)
     env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True,
-                      autoescape=True)  # every template, whatever its name: nothing here is trusted text
+                      autoescape=True,  # every template, whatever its name: nothing here is trusted text
+                      finalize=lambda v: redact.redact(v) if isinstance(v, str) else v)
     env.filters.update(when=when, duration=duration, level_text=lambda lv: LEVEL_TEXT.get(str(lv), str(lv)))
     return env
 

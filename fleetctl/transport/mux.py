@@ -328,8 +328,11 @@ def _target_fields() -> tuple[str, ...]:
 
 
 def target_from_doc(doc: dict[str, Any]) -> SSHTarget:
+    from fleetctl import redact
     from fleetctl.transport.target import Become, SSHTarget
 
+    # the server's log masks the secrets its targets carry (redact.py)
+    redact.register([doc.get("password"), doc.get("passphrase"), (doc.get("become") or {}).get("password")])
     return SSHTarget(**{
         **doc, "known_hosts": Path(doc["known_hosts"]), "key_files": tuple(doc["key_files"]),
         "jump": target_from_doc(doc["jump"]) if doc.get("jump") else None,

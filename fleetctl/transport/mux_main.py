@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from fleetctl import redact
 from fleetctl.transport.mux import private_dir
 from fleetctl.transport.mux_batch import serve_ping_many
 from fleetctl.transport.mux_calls import serve_call_many
@@ -15,6 +16,7 @@ from fleetctl.transport.mux_server import MuxServer, log
 
 def main(argv: list[str]) -> int:
     path, persist = Path(argv[0]), float(argv[1])
+    redact.install()  # its log (stderr) masks every secret a request brings (mux.target_from_doc)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
     private_dir(path.parent)
     try:
