@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetctl.errors import CommandError, RemoteOperationError
-from fleetctl.probes.http import HttpRequest, field_value, probe_http
+from fleetctl.probes.http import DEFAULT_TIMEOUT, HttpRequest, field_value, probe_http
 from fleetctl.probes.imports import ImportRequest, probe_import
 from fleetctl.probes.symbols import SymbolRequest, symbol_host
 from fleetctl.release import warmup
@@ -88,7 +88,8 @@ def gate_in_order(results: list[GateResult], session: HostSession, health: Healt
         if not ok:
             return
     for threshold in health.thresholds:
-        results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port))
+        results.append(threshold_gate(session, threshold.path, threshold.field, threshold.min, threshold.max, port,
+                                      threshold.timeout))
         if not results[-1].ok:
             return
     if health.canary is not None and measured is not None:
@@ -166,11 +167,13 @@ def probe_gate(session: HostSession, symbol: str | None, target: str | None, pac
 
 
 def threshold_gate(session: HostSession, path: str, field: str, low: float | None, high: float | None,
-                   port: int) -> GateResult:
+                   port: int, timeout: float = DEFAULT_TIMEOUT) -> GateResult:
     bounds = [f">= {low:g}"] if low is not None else []
     bounds += [f"<= {high:g}"] if high is not None else []
     name = " ".join([path, field, *bounds])
-    answer = probe_http(session, HttpRequest(path, port=port))
+    answer = probe_http(session, HttpRequest(path, port=port, timeout=timeout))
+    if answer.error_kind == "timeout":  # a server wedged after accepting: the threshold's timeout ends it
+        return GateResult(name, False, f"{path} did not answer within {timeout:g}s")
     if answer.status != 200 or not answer.has_json:
         return GateResult(name, False, f"{path} answered {answer.status or answer.error_kind}")
     raw = field_value(answer.body, field)
