@@ -366,6 +366,9 @@ def test_sshd_killed_mid_deploy_then_rerun_finishes(deployed_lab: LabHandle, tmp
     outcomes = {h: v["value"]["outcome"] for h, v in again.json()["hosts"].items()}
     # lab1 switched before its sshd died (now serving new again, gated: unchanged) or not (deployed now)
     assert outcomes == {"lab1": "unchanged" if state["current"] == new else "deployed", "lab3": "unchanged"}
+    # the gates ran again on every host, lab3 unchanged too: serving is not the same as healthy
+    for host, v in again.json()["hosts"].items():
+        assert [(g["name"], g["ok"]) for g in v["value"]["gates"]] == [("GET /health", True)], (host, v)
     for host in ("lab1", "lab3"):
         assert_whole(lab, host, new, base=BASE)
         assert served_release(lab, host) == new
