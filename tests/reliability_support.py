@@ -161,6 +161,9 @@ def wait_until(probe: Callable[[], T], what: str, timeout: float = 60, interval:
 TIMEOUT_SLACK = 5.0
 # A request reaches the server a moment after the client's clock for it started.
 ARRIVAL_LAG = 0.5
+# A test that sees a command start on a host by polling the host's processes sees it up to this long
+# after fleetctl's clock for its -T started (the channel opened, the shell started, the poll came round).
+SEEN_LAG = 2.0
 
 
 def assert_timeout_honoured(waited: float, timeout: float, what: str, lag: float = 0.0) -> None:

@@ -16,15 +16,12 @@ import time
 import pytest
 import yaml
 from lab_support import LabHandle, host_processes, host_running
-from reliability_support import assert_timeout_honoured, assert_whole, fault_happened, wait_until
+from reliability_support import SEEN_LAG, assert_timeout_honoured, assert_whole, fault_happened, wait_until
 
 pytestmark = pytest.mark.lab
 COMMAND = "sleep 5; echo done"
 TIMEOUT = 8  # -T: the other host's command ends well within it
 CONNECT = 4  # lab1's ansible_timeout: how long the one kill attempt waits for the frozen host
-# The test sees the command start by polling the host's processes: up to this long after fleetctl's
-# clock for -T started (the channel opened, the shell started, the poll came round).
-SEEN_LAG = 2.0
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
