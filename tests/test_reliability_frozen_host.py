@@ -75,6 +75,6 @@ def test_a_host_frozen_mid_command_times_out_in_one_line_the_other_finishes(scra
     assert_timeout_honoured(ended - seen, TIMEOUT + CONNECT, "the frozen host's command", lag=SEEN_LAG)
     # thawed: the host answers again, and its session (the command with it) was ended by sshd
     assert lab.ssh("lab1", "echo back").stdout.strip() == "back"
-    wait_until(lambda: not host_running(lab, "lab1", ["sleep", "6"]), "the thawed command ended", timeout=30)
+    wait_until(lambda: not host_running(lab, "lab1", ["sleep", "5"]), "the thawed command ended", timeout=30)
     for host in lab.hosts:
         assert_whole(lab, host, None, serving=False)
