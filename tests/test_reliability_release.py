@@ -151,14 +151,14 @@ def test_an_accept_length_gate_needs_the_warm_up(deployed_lab: LabHandle, tmp_pa
     assert r.rc == 2, r.out + r.err
     assert r.json()["hosts"]["lab1"]["value"]["gates"][-1]["detail"] == (
         "internal_states.0.avg_spec_accept_length not found or not a number in /server_info")
-    assert release_state(deployed_lab, "lab1")["current"] == before
+    assert_whole(deployed_lab, "lab1", before, base=BASE)  # rolled back whole, serving the release before
     warm = write_spec(tmp_path, "warm", body.format(warmup="warmup: {requests: 2, max_tokens: 32}"), base=BASE)
     r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(warm), "--json")
     assert r.rc == 0, r.out + r.err
     gates = {g["name"]: g for g in r.json()["hosts"]["lab1"]["value"]["gates"]}
     assert gates["warm-up"]["detail"].startswith("2 requests, 64 tokens: accept length 3.20")
     assert gates["/server_info internal_states.0.avg_spec_accept_length >= 3"]["detail"].endswith("= 3.2")
-    assert served_release(deployed_lab, "lab1") == load_spec(warm).release_id
+    assert_whole(deployed_lab, "lab1", load_spec(warm).release_id, base=BASE)
 
 
 def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_numbers(
@@ -272,7 +272,9 @@ def test_a_release_built_before_its_base_changed_is_built_again_under_a_new_id(
         assert served_release(deployed_lab, "lab1") == rid
         forced = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec), "--rebuild", "--json")
         assert forced.rc == 0, forced.out + forced.err
-        assert served_release(deployed_lab, "lab1") == forced.json()["hosts"]["lab1"]["value"]["release_id"] != rid
+        rebuilt = forced.json()["hosts"]["lab1"]["value"]["release_id"]
+        assert rebuilt != rid
+        assert_whole(deployed_lab, "lab1", rebuilt, base=BASE)  # whole against the base it was built from
     finally:
         deployed_lab.ssh("lab1", f"rm -rf {handmade}")
 
