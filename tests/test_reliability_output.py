@@ -124,7 +124,7 @@ def test_probe_script_flood_bounded_and_timeout(lab_fleet: LabHandle, tmp_path: 
     doc = json.loads(out)["hosts"]["lab1"]
     assert rc == 2 and doc["reason"] == "timed out after 2s (killed)"
     assert doc["value"]["text"] == "started\n"
-    assert _no_process("time.sleep(3799)") and _no_process("hang.py")
+    assert _no_process("hang.py")  # the script (its command line names it) ended with its group
     assert big < small + 40 * MB, (small, big)
 
 
