@@ -6,6 +6,7 @@ deadline that fails with what it saw."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import time
 from collections.abc import Callable
@@ -153,6 +154,39 @@ def wait_until(probe: Callable[[], T], what: str, timeout: float = 60, interval:
             return seen
         time.sleep(interval)
     raise AssertionError(f"{what}: not within {timeout:g}s (last seen: {seen!r})")
+
+
+# How late a timeout may end and still count as honoured, on a shared and busy 2-core machine. The
+# tests configure timeouts of a few seconds, so a default used in their place (10 s, 120 s), a
+# timeout applied once per request, or a retry after it, ends well past timeout + slack.
+TIMEOUT_SLACK = 5.0
+# A request reaches the server a moment after the client's clock for it started.
+ARRIVAL_LAG = 0.5
+# A test that sees a command start on a host by polling the host's processes sees it up to this long
+# after fleetctl's clock for its -T started (the channel opened, the shell started, the poll came round).
+SEEN_LAG = 2.0
+
+
+def assert_timeout_honoured(waited: float, timeout: float, what: str, lag: float = 0.0) -> None:
+    """``waited`` (measured outside fleetctl) is ``timeout``: not cut short (more than ``lag``
+    under it: what the measurement cannot see), not late (past TIMEOUT_SLACK over it)."""
+    assert timeout - lag <= waited <= timeout + TIMEOUT_SLACK, \
+        f"{what}: took {waited:.2f}s for a {timeout:g}s timeout " \
+        f"(allowed {timeout - lag:g}..{timeout + TIMEOUT_SLACK:g}s)"
+
+
+def hung_requests(lab: LabHandle, host: str, since: int, log: str = "/var/lib/fleetctl/service/sglang.log"
+                  ) -> list[tuple[str, float, float]]:
+    """(path, arrived, waited) of each request the stand-in hung (``--standin-hang PATH``) since byte
+    ``since`` of its log: when it arrived (time.monotonic(), the machine's clock) and how long the
+    caller waited before it closed the connection, as the stand-in saw it."""
+    text = lab.ssh(host, f"tail -c +{since + 1} {log}").stdout
+    return [(m[1], float(m[2]), float(m[3])) for m in
+            re.finditer(r"fake_sglang: hung (\S+): arrived at ([\d.]+), closed by the client after ([\d.]+)s", text)]
+
+
+def log_size(lab: LabHandle, host: str, log: str = "/var/lib/fleetctl/service/sglang.log") -> int:
+    return int(lab.ssh(host, f"stat -c %s {log} 2>/dev/null || echo 0").stdout.split()[0])
 
 
 def served_release(lab: LabHandle, host: str, port: int = 30000) -> str:

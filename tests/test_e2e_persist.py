@@ -8,10 +8,12 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import run_cli
 from lab_support import LabHandle, wait_gone
+from reliability_support import wait_until
 
 from fleetctl.cli.context import AppContext
 from fleetctl.errors import RemoteOperationError
@@ -197,18 +199,29 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
 ) -> None:
     first = _agent_pids(lab_fleet.inventory_path)
     inv = load_inventory(lab_fleet.inventory_path)
+    started = f"/tmp/fleetctl-busy-agent-{os.getpid()}-{time.monotonic_ns()}"  # made by the request on lab1
+    ended: list[float] = []
+
+    def hold(ctx: Any) -> Any:  # long enough that the ping below starts while it runs, even on a busy machine
+        answer = ctx.call("selftest", {"action": "sleep", "seconds": 6, "started": started})
+        ended.append(time.monotonic())
+        return answer
+
     with Fleet(inv, inv.select("lab1"), PERSIST) as fleet, ThreadPoolExecutor(1) as pool:
-        # Another command holds lab1's kept agent (a request in progress) while the fleet is pinged.
-        busy = pool.submit(fleet.map, lambda ctx: ctx.call("selftest", {"action": "sleep", "seconds": 2}))
-        deadline = time.monotonic() + 10
-        while not any(c["in_use"] for c in mux.server_status() or []) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # its request is on lab1's agent by now
+        # Another command's request runs on lab1's kept agent while the fleet is pinged.
+        busy = pool.submit(fleet.map, hold)
+        wait_until(lambda: lab_fleet.ssh("lab1", f"test -e {started}", check=False).returncode == 0,
+                   "the other command's request running on lab1's kept agent", timeout=30,
+                   alive=lambda: not busy.done() or busy.result())
+        assert not busy.done()  # still running as the ping starts
         r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "ping", "--json")
+        pinged = time.monotonic()
         assert busy.result()["lab1"].ok
+    lab_fleet.ssh("lab1", f"rm -f {started}")
     assert r.rc == 0, r.err
     hosts = r.json()["hosts"]
     assert all(hosts[h]["status"] == "ok" and hosts[h]["value"]["hostname"] == h for h in lab_fleet.hosts), hosts
+    assert ended and ended[0] <= pinged  # lab1 answered the ping only once the other request was done
     assert _agent_pids(lab_fleet.inventory_path) == first  # every host answered on its kept agent
 
 

@@ -8,11 +8,13 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from cli_support import run_cli, wall_clock
-from lab_support import REPO, LabHandle
+from lab_support import REPO, LabHandle, host_processes
+from reliability_support import SEEN_LAG, assert_timeout_honoured, wait_until
 
 pytestmark = pytest.mark.lab
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
@@ -34,6 +36,35 @@ def _fleetctl(lab: LabHandle, *args: str) -> tuple[int, str, int]:
     return proc.returncode, proc.stdout, rss
 
 
+def _timed_from_start(lab: LabHandle, host: str, marker: str, argv: list[str]) -> tuple[int, str, str, float]:
+    """Run ``argv`` (a fleetctl process); exit code, stdout, stderr, and the seconds from the moment the
+    test saw ``marker`` in a command line of ``host``'s processes (the command started there) to the
+    process's exit: how long the command ran before -T ended it, by the test's clock."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        def still_running() -> None:
+            assert proc.poll() is None, proc.communicate()
+
+        def started() -> bool:
+            return any(marker in _cmdline(pid) for pid in host_processes(lab, host))
+
+        wait_until(started, f"{marker!r} started on {host}", timeout=60, interval=0.05, alive=still_running)
+        seen = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out, err, time.monotonic() - seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def _no_process(marker: str) -> bool:
     """Lab hosts share this machine's pid namespace: nothing anywhere still runs ``marker``."""
     found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
@@ -53,27 +84,25 @@ def test_shell_100mb_and_endless_output_bounded_and_ended_by_timeout(lab_fleet: 
     assert "bytes of output left out]" in text and len(text) < 2 * MB
     assert big < small + 40 * MB < 150 * MB, (small, big)
     # never ends, prints without end, and starts a child that would outlive it: -T ends all of it
-    with wall_clock() as took:
-        rc, out, endless = _fleetctl(
-            lab_fleet, "-T", "3", "-l", "lab1,lab2", "shell", "--json",
-            'if [ "$(hostname)" = lab1 ]; then sleep 3797 & yes fleetctl-flood; fi; echo quick')
-    assert took.seconds < 3 + 60, took  # the timeout, not the command (an hour), ended it: a wide margin
+    rc, out, err, waited = _timed_from_start(
+        lab_fleet, "lab1", "sleep 3797",
+        [sys.executable, "-c", LAUNCHER, FLEETCTL, "-i", str(lab_fleet.inventory_path), "-T", "3", "-l", "lab1,lab2",
+         "shell", "--json", 'if [ "$(hostname)" = lab1 ]; then sleep 3797 & yes fleetctl-flood; fi; echo quick'])
+    endless = int(err.strip().splitlines()[-1].split()[1]) * 1024
+    # the timeout ended it (and the group's kill, TERM then KILL a second later), not the command (an hour)
+    assert_timeout_honoured(waited, 3, "shell -T 3 on a flood", lag=SEEN_LAG)
     doc = json.loads(out)["hosts"]
     assert rc == 2
     assert doc["lab1"]["status"] == "failed" and "timed out" in doc["lab1"]["reason"]
     assert doc["lab2"]["status"] == "ok" and doc["lab2"]["value"]["stdout"] == "quick\n"
     assert endless < small + 40 * MB, (small, endless)
     assert _no_process("sleep 3797") and _no_process("yes fleetctl-flood")
-    with wall_clock() as took:
-        human = run_cli_text(lab_fleet, "-T", "2", "-l", "lab1", "shell", "sleep 3798")
-    assert took.seconds < 2 + 60, took
+    _, out, err, waited = _timed_from_start(lab_fleet, "lab1", "sleep 3798", [
+        FLEETCTL, "-i", str(lab_fleet.inventory_path), "-T", "2", "-l", "lab1", "shell", "sleep 3798"])
+    assert_timeout_honoured(waited, 2, "shell -T 2", lag=SEEN_LAG)
+    human = out + err
     assert "lab1" in human and "timed out" in human
     assert _no_process("sleep 3798")
-
-
-def run_cli_text(lab: LabHandle, *args: str) -> str:
-    proc = subprocess.run([FLEETCTL, "-i", str(lab.inventory_path), *args], capture_output=True, text=True, cwd=REPO)
-    return proc.stdout + proc.stderr
 
 
 def test_probe_script_flood_bounded_and_timeout(lab_fleet: LabHandle, tmp_path: Path) -> None:
@@ -89,13 +118,13 @@ def test_probe_script_flood_bounded_and_timeout(lab_fleet: LabHandle, tmp_path: 
     assert doc["value"]["stdout_truncated"] is True and len(doc["value"]["text"]) == MB
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nprint('started', flush=True)\ntime.sleep(3799)\n")
-    with wall_clock() as took:
-        rc, out, _ = _fleetctl(lab_fleet, "-T", "2", "-l", "lab1", "probe", "script", str(hang), "--json")
-    assert took.seconds < 2 + 60, took
+    rc, out, _, waited = _timed_from_start(lab_fleet, "lab1", "hang.py", [
+        FLEETCTL, "-i", str(lab_fleet.inventory_path), "-T", "2", "-l", "lab1", "probe", "script", str(hang), "--json"])
+    assert_timeout_honoured(waited, 2, "probe script -T 2", lag=SEEN_LAG)
     doc = json.loads(out)["hosts"]["lab1"]
     assert rc == 2 and doc["reason"] == "timed out after 2s (killed)"
     assert doc["value"]["text"] == "started\n"
-    assert _no_process("time.sleep(3799)") and _no_process("hang.py")
+    assert _no_process("hang.py")  # the script (its command line names it) ended with its group
     assert big < small + 40 * MB, (small, big)
 
 
@@ -136,6 +165,7 @@ def test_local_connection_bounds_output_and_kills_the_group_at_the_timeout() -> 
     r = here.run("head -c 50000000 /dev/zero | tr '\\0' x; printf '\\377 \\033[2J\\n' >&2")
     assert r.rc == 0 and r.stdout.startswith("xxx") and "bytes of output left out]" in r.stdout
     assert len(r.stdout) < 2 * MB and r.stderr == "\\xff \\x1b[2J\n"
-    with pytest.raises(CommandError, match="timed out"):
+    with wall_clock() as took, pytest.raises(CommandError, match="timed out"):
         here.run("sleep 3803 & yes fleetctl-local-flood", timeout=1)
+    assert_timeout_honoured(took.seconds, 1, "a local command with a 1 s timeout")
     assert _no_process("sleep 3803") and _no_process("yes fleetctl-local-flood")

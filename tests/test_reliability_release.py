@@ -1,5 +1,6 @@
 """Faults during deploy on the lab fleet, each ending with the state of every host checked: a bad
-service (exits, gate fails, /health hangs) rolled back within the gate's timeout; a disk that
+service (exits, gate fails, /health, /server_info or the warm-up's /generate hangs) rolled back
+within the gate's timeout; a disk that
 fills during the build; a host whose sshd dies mid-deploy, then a re-run that finishes the job."""
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import pytest
 from cli_support import run_cli, wall_clock
 from lab_support import REPO, LabHandle, process_gone
 from reliability_support import (
+    ARRIVAL_LAG,
+    assert_timeout_honoured,
     assert_whole,
     fault_happened,
+    hung_requests,
+    log_size,
     release_state,
     served_release,
     wait_until,
@@ -60,13 +65,21 @@ def deployed_lab(release_free_lab: LabHandle, tmp_path_factory: pytest.TempPathF
         lab.ssh(host, CLEAN + f"; rm -rf {BASE}")
 
 
+# Every gate's timeout in the sick spec: short, so TIMEOUT_SLACK is large beside it, and far from
+# the defaults (10 s for a threshold's request, 120 s for a warm-up) a regression would fall back to.
+GATE_TIMEOUT = 3
 SICK = {
     "exits": ("args: [--speculative-algorithm, NOSUCH]\n", "GET /health", "the service exited"),
     "503": ("args: [--standin-health-status, '503']\n", "GET /health", "not healthy within 3s (last: HTTP 503)"),
-    "hangs": ("args: [--standin-health-hang]\n", "GET /health", "not healthy within 3s (last: timeout"),
+    "hangs": ("args: [--standin-hang, /health]\n", "GET /health", "not healthy within 3s (last: timeout"),
     "threshold": ("args: [--speculative-algorithm, DFLASH, --standin-accept-length, '1.5']\n",
                   "/server_info internal_states.0.avg_spec_accept_length >= 2",
                   "internal_states.0.avg_spec_accept_length = 1.5"),
+    "server_info-hangs": ("args: [--speculative-algorithm, DFLASH, --standin-hang, /server_info]\n",
+                          "/server_info internal_states.0.avg_spec_accept_length >= 2",
+                          "/server_info did not answer within 3s"),
+    "generate-hangs": ("args: [--speculative-algorithm, DFLASH, --standin-hang, /generate]\n", "warm-up",
+                       "no answer from /generate within the warm-up's 3s (0 of 4 requests answered)"),
 }
 
 
@@ -79,23 +92,35 @@ def test_bad_service_rolled_back_within_the_gate_timeout(deployed_lab: LabHandle
           standin: true
           {args.strip()}
         health:
-          timeout: 3
+          timeout: {GATE_TIMEOUT}
           interval: 0.2
-          warmup: {{requests: 1, max_tokens: 30}}
-          thresholds: [{{field: internal_states.0.avg_spec_accept_length, min: 2}}]
+          warmup: {{requests: 4, max_tokens: 30, timeout: {GATE_TIMEOUT}}}
+          thresholds: [{{field: internal_states.0.avg_spec_accept_length, min: 2, timeout: {GATE_TIMEOUT}}}]
         """, base=BASE)
     before = {h: release_state(deployed_lab, h)["current"] for h in ("lab1", "lab3")}
+    log_at = log_size(deployed_lab, "lab1")
     with wall_clock() as took:
         r = run_cli(capsys, "-i", str(deployed_lab.inventory_path), "-l", "lab1", "deploy", str(spec), "--json")
     assert r.rc == 2, r.out + r.err
+    if fault.endswith("hangs"):
+        # The hung requests as the server saw them, from the first one's arrival to the last close
+        # (fleetctl gave up): the gate's timeout, not a default, not once per request. A threshold's or
+        # the warm-up's wait begins with its request; /health's began at the restart, before this
+        # server listened (its first requests refused), so only the test's clock bounds it below.
+        hung = hung_requests(deployed_lab, "lab1", log_at)
+        fault_happened(hung, f"a request hung on lab1's stand-in ({args.strip()})")
+        waited = max(at + w for _, at, w in hung) - min(at for _, at, _ in hung)
+        lag = GATE_TIMEOUT if fault == "hangs" else ARRIVAL_LAG
+        assert_timeout_honoured(waited, GATE_TIMEOUT, f"{fault}: the hung requests", lag=lag)
+        assert took.seconds >= GATE_TIMEOUT, took
     lab1 = r.json()["hosts"]["lab1"]
     assert lab1["status"] == "failed" and lab1["value"]["outcome"] == "rolled-back"
     failed = lab1["value"]["gates"][-1]
     assert (failed["name"], failed["ok"]) == (gate, False) and detail in failed["detail"], failed
     assert lab1["reason"] == f"health gate failed: {gate}: {failed['detail']}; rolled back to {before['lab1']}"
-    # The whole deploy (build, switch, the 3 s gate, rollback and its gates) by the test's own clock: a
-    # gate that ignored its timeout would wait on the stand-in for good (a hung /health sleeps an hour).
-    assert took.seconds < 3 + 60, took
+    # The whole deploy (build, switch, the gates, rollback and its gates) by the test's own clock: a
+    # guard against a hang (the stand-in holds a hung request for good), not a measure of the timeout.
+    assert took.seconds < 60, took
     assert lab1["value"]["rollback_gates"][0]["ok"] is True
     for host in ("lab1", "lab3"):
         assert_whole(deployed_lab, host, before[host], base=BASE)
@@ -126,14 +151,14 @@ def test_an_accept_length_gate_needs_the_warm_up(deployed_lab: LabHandle, tmp_pa
     assert r.rc == 2, r.out + r.err
     assert r.json()["hosts"]["lab1"]["value"]["gates"][-1]["detail"] == (
         "internal_states.0.avg_spec_accept_length not found or not a number in /server_info")
-    assert release_state(deployed_lab, "lab1")["current"] == before
+    assert_whole(deployed_lab, "lab1", before, base=BASE)  # rolled back whole, serving the release before
     warm = write_spec(tmp_path, "warm", body.format(warmup="warmup: {requests: 2, max_tokens: 32}"), base=BASE)
     r = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(warm), "--json")
     assert r.rc == 0, r.out + r.err
     gates = {g["name"]: g for g in r.json()["hosts"]["lab1"]["value"]["gates"]}
     assert gates["warm-up"]["detail"].startswith("2 requests, 64 tokens: accept length 3.20")
     assert gates["/server_info internal_states.0.avg_spec_accept_length >= 3"]["detail"].endswith("= 3.2")
-    assert served_release(deployed_lab, "lab1") == load_spec(warm).release_id
+    assert_whole(deployed_lab, "lab1", load_spec(warm).release_id, base=BASE)
 
 
 def test_a_canary_slower_than_the_release_before_is_rolled_back_with_both_numbers(
@@ -249,7 +274,9 @@ def test_a_release_built_before_its_base_changed_is_built_again_under_a_new_id(
         assert served_release(deployed_lab, "lab1") == rid
         forced = run_cli(capsys, "-i", inv, "-l", "lab1", "deploy", str(spec), "--rebuild", "--json")
         assert forced.rc == 0, forced.out + forced.err
-        assert served_release(deployed_lab, "lab1") == forced.json()["hosts"]["lab1"]["value"]["release_id"] != rid
+        rebuilt = forced.json()["hosts"]["lab1"]["value"]["release_id"]
+        assert rebuilt != rid
+        assert_whole(deployed_lab, "lab1", rebuilt, base=BASE)  # whole against the base it was built from
     finally:
         deployed_lab.ssh("lab1", f"rm -rf {handmade}")
 
@@ -343,6 +370,9 @@ def test_sshd_killed_mid_deploy_then_rerun_finishes(deployed_lab: LabHandle, tmp
     outcomes = {h: v["value"]["outcome"] for h, v in again.json()["hosts"].items()}
     # lab1 switched before its sshd died (now serving new again, gated: unchanged) or not (deployed now)
     assert outcomes == {"lab1": "unchanged" if state["current"] == new else "deployed", "lab3": "unchanged"}
+    # the gates ran again on every host, lab3 unchanged too: serving is not the same as healthy
+    for host, v in again.json()["hosts"].items():
+        assert [(g["name"], g["ok"]) for g in v["value"]["gates"]] == [("GET /health", True)], (host, v)
     for host in ("lab1", "lab3"):
         assert_whole(lab, host, new, base=BASE)
         assert served_release(lab, host) == new

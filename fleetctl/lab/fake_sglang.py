@@ -6,6 +6,9 @@ shapes SGLang uses (see shared/DOMAIN.md):
 
   GET /health, /ready  503 during --start-delay (the model loading) and while draining, then
                        --health-status (200 by default), empty body; with --health-hang it never answers
+  --hang PATH          (repeatable) a GET or POST of PATH is accepted and never answered: the server logs
+                       ``fake_sglang: hung PATH: arrived at T, closed by the client after S s`` (T on
+                       time.monotonic(), the machine's clock) once the caller gives up
   GET /server_info     server args, "version", "internal_states": [{...}]; with speculative decoding
                        "avg_spec_accept_length" appears only once a generation has been served, as
                        SGLang's scheduler reports it only after a speculative decode step
@@ -38,7 +41,7 @@ Stdlib only, Python >= 3.8: it runs on the hosts. The command line below is a st
 
   python3 fake_sglang.py --host H --port N [--version 0.5.23] [--spec-algorithm DDTREE]
       [--accept-length 3.2] [--decode-tps 400] [--start-delay S] [--health-status 200|503]
-      [--health-hang] [--old-api] [--enable-metrics] [--model-path M] [--tp N] [--verbose]
+      [--health-hang] [--hang PATH]... [--old-api] [--enable-metrics] [--model-path M] [--tp N] [--verbose]
       [--release-dir DIR -- LAUNCH ARGS...]
 
 Release mode (``--release-dir``, how ``fleetctl deploy`` runs it on lab hosts, under the release's
@@ -51,8 +54,8 @@ imported) from the installed ``spec_info.py``, and /server_info says which check
 is the installed sglang's. For tests, the launch args may also carry ``--standin-health-status
 503``, ``--standin-accept-length X``, ``--standin-decode-tps N``, ``--standin-start-delay S``,
 ``--standin-bind-delay S`` (listen only after S seconds, as SGLang binds after loading),
-``--standin-health-hang`` and ``--standin-hold-file F`` (a stream of the prompt "hold" sends its last
-token only once F exists: a test holds a request in flight).
+``--standin-health-hang``, ``--standin-hang PATH`` (as ``--hang``) and ``--standin-hold-file F`` (a
+stream of the prompt "hold" sends its last token only once F exists: a test holds a request in flight).
 """
 
 from __future__ import annotations  # annotations stay strings: Python 3.8 runs this file
@@ -109,6 +112,9 @@ class StandinHandler(BaseHTTPRequestHandler):
         if path == "/health" and self.opts.health_hang:
             time.sleep(3600)  # a server wedged after accepting: the caller's timeout must act
             return
+        if path in self.opts.hang:
+            self.hang(path)
+            return
         # 503 while starting and while draining (http_server.py: health_generate; /ready: is_ready())
         if path in ("/health", "/ready"):
             starting = time.time() - self.started_at < self.opts.start_delay
@@ -123,6 +129,9 @@ class StandinHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(min(length, 1 << 20)) if length else b"{}"
+        if path in self.opts.hang:
+            self.hang(path)
+            return
         if path not in GENERATION or self.opts.node_rank >= 1:  # rank > 0 serves no generation
             self.reply(404, "application/json", json.dumps({"detail": "Not Found"}))
             return
@@ -141,6 +150,22 @@ class StandinHandler(BaseHTTPRequestHandler):
             self.stream(body, GENERATION[path])
         else:
             self.reply(200, "application/json", json.dumps(generate(self.opts, self.served, body, GENERATION[path])))
+
+    def hang(self, path: str) -> None:
+        """Never answer: wait until the caller closes the connection (its timeout acted), and log how
+        long it waited, so a test can tell an honoured timeout from a late one."""
+        arrived = time.monotonic()
+        self.connection.settimeout(3600)
+        try:
+            while self.connection.recv(4096):
+                pass
+        except OSError:
+            pass
+        took = time.monotonic() - arrived
+        sys.stderr.write(f"fake_sglang: hung {path}: arrived at {arrived:.3f}, "
+                         f"closed by the client after {took:.3f}s\n")
+        sys.stderr.flush()
+        self.close_connection = True
 
     def stream(self, body: dict[str, Any], kind: str) -> None:
         """SSE as SGLang's StreamingResponse sends it (media type text/event-stream, chunked)."""
@@ -204,6 +229,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds before the port is bound (SGLang loads the model before it listens)")
     p.add_argument("--health-status", type=int, choices=(200, 503), default=200, help="/health once started")
     p.add_argument("--health-hang", action="store_true", help="/health accepts the request and never answers")
+    p.add_argument("--hang", action="append", default=[], metavar="PATH",
+                   help="a GET or POST of PATH is accepted and never answered (repeatable)")
     p.add_argument("--old-api", action="store_true", help="only /get_server_info and /get_model_info")
     p.add_argument("--hold-file", default=None,
                    help="test knob: a generation of the prompt 'hold' ends only once this file exists")
@@ -281,6 +308,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.model_path, opts.tp, opts.spec_algorithm = args.model_path, args.tp, args.speculative_algorithm
     opts.health_status, opts.accept_length = args.standin_health_status, args.standin_accept_length
     opts.start_delay, opts.health_hang = args.standin_start_delay, args.standin_health_hang
+    opts.hang = args.standin_hang
     opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.prefill_delay, opts.node_rank = args.standin_prefill_delay, args.node_rank
@@ -299,6 +327,7 @@ def add_standin_flags(p: argparse.ArgumentParser, opts: argparse.Namespace) -> N
     p.add_argument("--standin-start-delay", type=float, default=opts.start_delay)
     p.add_argument("--standin-bind-delay", type=float, default=opts.bind_delay)
     p.add_argument("--standin-health-hang", action="store_true", default=opts.health_hang)
+    p.add_argument("--standin-hang", action="append", default=list(getattr(opts, "hang", [])), metavar="PATH")
     p.add_argument("--standin-hold-file", default=getattr(opts, "hold_file", None))
 
 

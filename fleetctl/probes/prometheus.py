@@ -128,11 +128,12 @@ def describe(name: str, labels: Mapping[str, str]) -> str:
     return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def scrape(session: HostSession, port: int, at: float, path: str = "/metrics") -> Scrape:
-    """``GET /metrics`` on the host itself (where the server listens), parsed here."""
+def scrape(session: HostSession, port: int, at: float, path: str = "/metrics", timeout: float = 10) -> Scrape:
+    """``GET /metrics`` on the host itself (where the server listens), parsed here; ``timeout``: seconds
+    the server may take to answer."""
     from fleetctl.probes.http import HttpRequest, probe_http
 
-    answer = probe_http(session, HttpRequest(path, port=port, timeout=10, max_text=8 << 20))
+    answer = probe_http(session, HttpRequest(path, port=port, timeout=timeout, max_text=8 << 20))
     if answer.status != 200:
         got = f"HTTP {answer.status}" if answer.status else f"{answer.error_kind}: {answer.error}"
         hint = " (SGLang serves it only with --enable-metrics)" if answer.status == 404 else ""

@@ -177,7 +177,9 @@ def threshold_gate(session: HostSession, threshold: Threshold, port: int) -> Gat
         return GateResult(name, ok, detail, time.monotonic() - start)
     path, field, low, high = threshold.asked, threshold.field or "", threshold.min, threshold.max
     name = " ".join([path, field, *bounds(threshold)])
-    answer = probe_http(session, HttpRequest(path, port=port))
+    answer = probe_http(session, HttpRequest(path, port=port, timeout=threshold.timeout))
+    if answer.error_kind == "timeout":  # a server wedged after accepting: the threshold's timeout ends it
+        return GateResult(name, False, f"{path} did not answer within {threshold.timeout:g}s")
     if answer.status != 200 or not answer.has_json:
         return GateResult(name, False, f"{path} answered {answer.status or answer.error_kind}")
     raw = field_value(answer.body, field)

@@ -55,6 +55,8 @@ class Threshold(Strict):
     """The gate fails below this."""
     max: float | None = None
     """The gate fails above this."""
+    timeout: float = Field(default=10.0, gt=0)
+    """Seconds the server may take to answer; no answer by then fails the gate."""
 
     @model_validator(mode="after")
     def _field_or_metric(self) -> Threshold:
@@ -94,7 +96,8 @@ class Warmup(Strict):
     path: str = "/generate"
     """The server path (``/generate`` or ``/v1/completions``)."""
     timeout: float = Field(default=120.0, gt=0)
-    """Seconds the warm-up may take."""
+    """Seconds the whole warm-up may take (every request together); a server that has not answered
+    by then fails the gate."""
 
 
 class CanaryCheck(Strict):

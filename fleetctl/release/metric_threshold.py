@@ -58,9 +58,9 @@ def metric_gate(session: HostSession, t: Threshold, port: int,
     try:
         before = None
         if t.window:
-            before = prom.scrape(session, port, time.monotonic(), t.asked)
+            before = prom.scrape(session, port, time.monotonic(), t.asked, t.timeout)
             sleep(t.window)
-        after = prom.scrape(session, port, time.monotonic(), t.asked)
+        after = prom.scrape(session, port, time.monotonic(), t.asked, t.timeout)
         ok, detail = judge(t, value_of(t, before, after))
     except prom.MetricsError as exc:
         return gate_name(t), False, str(exc)

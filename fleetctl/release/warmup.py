@@ -26,12 +26,16 @@ def release_dir(layout: HostLayout, release_id: str) -> str:
 
 
 def warm_up(session: HostSession, warmup: Warmup, port: int) -> tuple[bool, str, dict[str, Any]]:
-    """(ok, detail, measurement): every request must be answered."""
+    """(ok, detail, measurement): every request must be answered, all within ``warmup.timeout``
+    seconds together (a server that hangs fails the gate then, not once per request)."""
     measured = dict(session.call(MODULE, {
         "op": "measure", "host": str(session.vars.get("service_host") or DEFAULT_SERVICE_HOST), "port": port,
         "path": warmup.path, "requests": warmup.requests, "max_tokens": warmup.max_tokens,
         "prompt": warmup.prompt, "timeout": warmup.timeout,
-    }, timeout=warmup.timeout * warmup.requests + 30))
+    }, timeout=warmup.timeout + 30))
+    if measured.get("timed_out"):
+        return False, f"no answer from {warmup.path} within the warm-up's {warmup.timeout:g}s " \
+                      f"({measured['ok']} of {measured['requests']} requests answered)", measured
     if measured["ok"] < measured["requests"]:
         return False, f"{measured['requests'] - measured['ok']} of {measured['requests']} warm-up requests " \
                       f"failed: {'; '.join(measured['errors'][:2])}", measured

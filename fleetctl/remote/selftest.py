@@ -12,6 +12,8 @@ def main(params):
     if action == "raise":
         raise RuntimeError(params.get("message", "raised on purpose"))
     if action == "sleep":
+        if params.get("started"):  # a file made once the request is in the agent: a test sees it busy
+            open(params["started"], "w").close()
         time.sleep(float(params.get("seconds", 1)))
         return {"slept": params.get("seconds")}
     if action == "noise":
