@@ -48,6 +48,34 @@ def per_host(tool: dict[str, list[float]], key: str, count: int, scale: float) -
     return value if key == "wall_s" else value / count
 
 
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``total = fixed + per_host * N`` over the sizes: (fixed, per_host)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
+    return my - slope * mx, slope
+
+
+def constants(sizes: dict[str, Any]) -> list[str]:
+    """Per tool, each cost as a fixed part plus a per-host part (fitted over every size it ran at)."""
+    rows = ["| tool | ctrl CPU: fixed s + ms/host | ctrl peak RSS: fixed MiB + KiB/host | hosts' CPU ms/host |",
+            "|---|---|---|---|"]
+    tools = sorted({t for e in sizes.values() for t in e["tools"]}, key=lambda t: (not t.startswith("fleetctl"), t))
+    for tool in tools:
+        runs = [(int(c), e["tools"][tool]) for c, e in sizes.items() if e["tools"].get(tool, {}).get("wall_s")]
+        if len(runs) < 2:
+            continue
+        cells = []
+        for key, fixed_scale, host_scale in (("cpu_s", 1, 1000), ("rss_kb", 1 / 1024, 1), ("host_cpu_s", 1, 1000)):
+            a, b = fit([(n, med(t[key])) for n, t in runs])
+            cells.append(f"{b * host_scale:.1f}" if key == "host_cpu_s" else
+                         f"{a * fixed_scale:.2f} + {b * host_scale:.2f}")
+        rows.append(f"| {tool} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def save(doc: dict[str, Any], figures: bool = False) -> str:
     STEM.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     STEM.with_suffix(".md").write_text(markdown(doc))
@@ -97,7 +125,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 out.append(f"| {n} | {tool} | {med(t['wall_s']):.2f} ({min(t['wall_s']):.2f}-{max(t['wall_s']):.2f})"
                            f" | {per_host(t, 'cpu_s', n, 1000):.1f} | {per_host(t, 'rss_kb', n, 1):.0f}"
                            f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {_load(entry['load_before'])} |")
-        out.append("")
+        out += ["", f"Fitted over {', '.join(sizes)} hosts (least squares, total = fixed + per host x N; the "
+                "wall time is left out: on this shared machine it moves with the load):", "",
+                *constants(sizes), ""]
     if "elapsed_s" in doc:
         out.append(f"The whole run took {doc['elapsed_s']:.0f} s.")
     return "\n".join(out) + "\n"
