@@ -120,6 +120,9 @@ def sub_inventory(fleet: LabFleet, count: int) -> Path:
 class Size:
     """The first ``count`` hosts of the lab, and every tool's command for each job on them."""
 
+    only: list[str] = []  # --tools
+    timeout = 0.0  # --connect-timeout
+
     def __init__(self, fleet: LabFleet, count: int, scripts: dict[str, Path], lines: int) -> None:
         self.fleet, self.count, self.scripts, self.lines = fleet, count, scripts, lines
         self.addrs = [h.address for h in fleet.hosts[:count]]
@@ -132,7 +135,9 @@ class Size:
                             if count <= ANSIBLE_UP_TO else None)
 
     def fleetctl(self, args: list[str], check: sj.Check) -> dict[str, sj.Tool]:
-        argv = [str(jobs.FLEETCTL), "-i", str(self.inv), "-f", str(min(max(self.count, 32), 1024)), *args, "--json"]
+        extra = ["-e", f"ansible_timeout={self.timeout:g}"] if self.timeout else []
+        argv = [str(jobs.FLEETCTL), "-i", str(self.inv), "-f", str(min(max(self.count, 32), 1024)), *extra, *args,
+                "--json"]
         kept_env = {**os.environ, "FLEETCTL_MUX_DIR": str(self.mux_dir), "FLEETCTL_PERSIST": "600"}
         return {"fleetctl": sj.command(argv, check),
                 "fleetctl kept": sj.command(argv, check, env=kept_env, server=sj.server_meter(self.mux_dir))}
@@ -222,7 +227,7 @@ def measure_size(size: Size, wanted: list[str], runs: int, meter: Any, doc: dict
     for job in wanted:
         t0 = time.monotonic()
         load = os.getloadavg()
-        tools = getattr(size, job)()
+        tools = {k: v for k, v in getattr(size, job)().items() if not Size.only or k in Size.only}
         try:
             got = sj.rounds(tools, runs, meter)
         finally:
@@ -231,6 +236,7 @@ def measure_size(size: Size, wanted: list[str], runs: int, meter: Any, doc: dict
         entry["load_before"] = [round(x, 2) for x in load]
         entry["load_after"] = [round(x, 2) for x in os.getloadavg()]
         entry["runs"] = runs
+        entry["command"] = doc["command"]
         entry["tools"] = {name: vars(m) for name, m in got.items()}
         took = time.monotonic() - t0
         print(f"  {size.count} hosts, {job}: {took:.1f}s "
@@ -245,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-runs", type=int, default=2, help="timed runs past 200 hosts (default 2)")
     ap.add_argument("--jobs", default=",".join(ALL_JOBS), help=f"which jobs (default {','.join(ALL_JOBS)})")
     ap.add_argument("--keep-lab", action="store_true", help="leave the lab up at the end (debugging)")
+    ap.add_argument("--tools", default="", help="only these tools (comma-separated names as in the tables)")
+    ap.add_argument("--connect-timeout", type=float, default=0.0,
+                    help="fleetctl's connect timeout (-e ansible_timeout=S) at every size; 0: the default, 10 s")
+    ap.add_argument("--merge", action="store_true",
+                    help="add to bench/scale.json's results (these sizes and jobs replaced) instead of starting anew")
     args = ap.parse_args(argv)
     wanted = [j for j in args.jobs.split(",") if j]
     if set(wanted) - set(ALL_JOBS):
@@ -258,10 +269,17 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": os.getloadavg(),
         "peers": {**peers.ensure_all(), "ansible-2.21": peers.ensure("ansible-2.21")}, "results": {},
     }
+    if args.merge and scale_report.STEM.with_suffix(".json").exists():
+        old = json.loads(scale_report.STEM.with_suffix(".json").read_text())
+        doc["results"], doc["lab"] = old.get("results", {}), old.get("lab", {})
+        doc["merged"] = [*old.get("merged", [old["command"]]), doc["command"]]
+    Size.only = [t for t in args.tools.split(",") if t]
+    Size.timeout = args.connect_timeout
     started = time.monotonic()
     try:
         for count in args.hosts:
-            fleet, doc.setdefault("lab", {})[str(count)] = grow(count)
+            fleet, lab = grow(count)
+            doc.setdefault("lab", {}).setdefault(str(count), lab)
             scale_report.save(doc)
             meter, _group = run.host_cpu_meter(fleet)  # the new hosts join the cgroup
             scripts = run.build_scripts(fleet.directory / "scripts")

@@ -97,7 +97,9 @@ def markdown(doc: dict[str, Any]) -> str:
            "within each round. The machine is shared (7 other "
            "engineers and CI): the load average (1/5/15 min) as each job started stands beside it. Wall time "
            "is the noisiest column; controller CPU, peak RSS and hosts' CPU are much steadier.", "",
-           f"Command: `{doc['command']}`", ""]
+           *(["Commands (merged with --merge, each size and job stating its own): "
+              + "; ".join(f"`{c}`" for c in doc["merged"])] if doc.get("merged") else [f"Command: `{doc['command']}`"]),
+           ""]
     if lab:
         out += ["Lab: an idle host is one sshd listener in its own mount + UTS namespace (one process, a "
                 "handful of open files). PSS splits shared pages among the sharers; RSS counts them in full. "
@@ -119,7 +121,8 @@ def markdown(doc: dict[str, Any]) -> str:
             n = int(count)
             for tool, t in entry["tools"].items():
                 if not t["wall_s"]:
-                    out.append(f"| {n} | {tool} | failed: {t.get('failed', '')[:160]} | | | | "
+                    why = t.get("failed", "").replace("|", "/").replace("\n", " ")
+                    out.append(f"| {n} | {tool} | failed: {why[:160]} | | | | "
                                f"{_load(entry['load_before'])} |")
                     continue
                 out.append(f"| {n} | {tool} | {med(t['wall_s']):.2f} ({min(t['wall_s']):.2f}-{max(t['wall_s']):.2f})"
