@@ -90,10 +90,11 @@ def _load(xs: list[float]) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     m, lab = doc["machine"], doc.get("lab", {})
-    out = [f"# Cost curves: read-only jobs at {', '.join(map(str, doc['hosts']))} lab hosts (issue 37)", "",
-           f"{doc['date']}; {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}, {m['openssh']}; "
-           f"peers: {', '.join(f'{k} {v}' for k, v in doc['peers'].items())}. Medians of {doc['runs']} runs "
-           f"after {doc['warmup']} warm-up ({doc.get('large_runs', doc['runs'])} past 200 hosts), tools alternating "
+    sizes_run = sorted({int(c) for sizes in doc["results"].values() for c in sizes})
+    out = [f"# Cost curves: read-only jobs at {', '.join(map(str, sizes_run))} lab hosts (issue 37)", "",
+           f"{doc['date']} (the last run); {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}, "
+           f"{m['openssh']}; peers: {', '.join(f'{k} {v}' for k, v in doc['peers'].items())}. Medians of each "
+           f"row's runs (its hosts cell says how many) after {doc['warmup']} warm-up, tools alternating "
            "within each round. The machine is shared (7 other "
            "engineers and CI): the load average (1/5/15 min) as each job started stands beside it. Wall time "
            "is the noisiest column; controller CPU, peak RSS and hosts' CPU are much steadier.", "",
@@ -125,7 +126,9 @@ def markdown(doc: dict[str, Any]) -> str:
                     out.append(f"| {n} | {tool} | failed: {why[:160]} | | | | "
                                f"{_load(entry['load_before'])} |")
                     continue
-                out.append(f"| {n} | {tool} | {med(t['wall_s']):.2f} ({min(t['wall_s']):.2f}-{max(t['wall_s']):.2f})"
+                runs = entry.get("runs", doc["runs"])
+                wall = t["wall_s"]
+                out.append(f"| {n} ({runs} runs) | {tool} | {med(wall):.2f} ({min(wall):.2f}-{max(wall):.2f})"
                            f" | {per_host(t, 'cpu_s', n, 1000):.1f} | {per_host(t, 'rss_kb', n, 1):.0f}"
                            f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {_load(entry['load_before'])} |")
         out += ["", f"Fitted over {', '.join(sizes)} hosts (least squares, total = fixed + per host x N; the "
