@@ -106,11 +106,13 @@ test: lint typecheck docs pytest
 
 # bench/run.py starts its own labs (8 and 32 hosts), installs the peers (ansible-core, pyinfra) into
 # .cache/bench-peers/, measures whole commands side by side and writes bench/results.md and .json.
+# scale.py: the cost curves of the read-only jobs at 8, 32, 200 and 1,000 hosts (issue 37; one lab
+# grown size by size, bench/scale.md and docs/reference/figures/scale-*.png).
 # probe_search.py: the host-side search alone against ripgrep, and probe grep against ssh+rg (issue 3).
 # full_env.py: issue 16's figures on the full SGLang 0.5.23 environment (wheels from `make wheels`;
 # 3 venvs of 9.5 GB at its peak, all removed at the end). The narrower scripts (drift.py,
 # release.py, overlay.py) run on their own.
-BENCHES := bench/run.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py bench/gateway.py bench/models_verify.py
+BENCHES := bench/run.py bench/scale.py bench/probe_search.py bench/report_page.py bench/inventory_load.py bench/full_env.py bench/models_sync.py bench/gateway.py bench/models_verify.py
 bench: deps chromium wheels
 	set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 

@@ -20,6 +20,10 @@ PEERS = ROOT / ".cache" / "bench-peers"
 # ansible-core 2.19.x is what pip gives on Python 3.11 (2.20+ needs 3.12 on the controller).
 REQUIREMENTS = {"ansible": "ansible-core>=2.19,<2.20", "pyinfra": "pyinfra>=3.5,<4"}
 PYTHON = "/usr/bin/python3"
+# ansible-core's newest series (2.21) beside 2.19 (bench/scale.py): its controller needs Python 3.12,
+# which this machine has from pyenv; its venv is ansible-2.21/, its tool `ansible`.
+NEWEST = {"ansible-2.21": ("ansible-core>=2.21,<2.22", "/root/.pyenv/versions/3.12.1/bin/python3")}
+TOOL = {"ansible-2.21": "ansible"}
 
 
 def venv_bin(peer: str, tool: str) -> Path:
@@ -28,7 +32,7 @@ def venv_bin(peer: str, tool: str) -> Path:
 
 def version(peer: str) -> str:
     """The peer's own version line, or "" when its venv is missing or broken."""
-    tool = venv_bin(peer, peer)
+    tool = venv_bin(peer, TOOL.get(peer, peer))
     if not tool.exists():
         return ""
     proc = subprocess.run([str(tool), "--version"], capture_output=True, text=True)
@@ -41,11 +45,12 @@ def ensure(peer: str) -> str:
     if have:
         return have
     folder = PEERS / peer
-    print(f"bench: installing {REQUIREMENTS[peer]} into {folder}", flush=True)
+    requirement, python = NEWEST.get(peer, (REQUIREMENTS.get(peer, ""), sys.executable))
+    print(f"bench: installing {requirement} into {folder}", flush=True)
     subprocess.run(["rm", "-rf", str(folder)], check=True)
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    subprocess.run([python, "-m", "venv", str(folder)], check=True)
     subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    REQUIREMENTS[peer]], check=True)
+                    requirement], check=True)
     have = version(peer)
     if not have:
         raise RuntimeError(f"{peer} installed but `{peer} --version` does not answer")
@@ -88,9 +93,10 @@ def ansible_setup(lab_dir: Path, addresses: list[str], workdir: Path) -> dict[st
             "ANSIBLE_HOME": str(workdir / "home"), "ANSIBLE_NOCOLOR": "1"}
 
 
-def ansible_argv(workdir: Path, script: Path, python: str) -> list[str]:
-    """Ad hoc: `ansible all -m script` runs the shared script file under ``python`` on every host."""
-    return [str(venv_bin("ansible", "ansible")), "all", "-o", "-i", str(workdir / "hosts.ini"), "-m", "script",
+def ansible_argv(workdir: Path, script: Path, python: str, peer: str = "ansible") -> list[str]:
+    """Ad hoc: `ansible all -m script` runs the shared script file under ``python`` on every host
+    (``peer``: which venv's ansible, "ansible" for 2.19 or "ansible-2.21")."""
+    return [str(venv_bin(peer, "ansible")), "all", "-o", "-i", str(workdir / "hosts.ini"), "-m", "script",
             "-a", f"{shlex.quote(str(script))} executable={shlex.quote(python)}"]
 
 

@@ -18,6 +18,7 @@ from fleetctl.cli.lab import lab
 from fleetctl.errors import LabError
 from fleetctl.lab import LabPaths, lab_down, lab_status, lab_up
 from fleetctl.lab.accounts import LAB_PASSWORD, LAB_UID, LAB_USER
+from fleetctl.lab.state import host_addresses
 
 lab_mark = pytest.mark.lab
 
@@ -276,8 +277,21 @@ def test_cli_up_status_down(scratch_lab: LabHandle) -> None:
 def test_refuses_non_loopback_base_address(tmp_path: Path) -> None:
     with pytest.raises(LabError, match="outside 127.0.0.0/8"):
         lab_up(2, tmp_path, "10.0.0.0")
-    with pytest.raises(LabError, match="pass .254"):
-        lab_up(10, tmp_path, "127.0.5.250")
+    with pytest.raises(LabError, match="past 127.255.255.254"):
+        lab_up(10, tmp_path, "127.255.255.250")
+
+
+def test_a_thousand_hosts_number_on_past_254_skipping_0_and_255() -> None:
+    """Host N is base + N up to .254 (labs of up to 254 hosts keep their addresses), then the lab
+    goes on in the next /24 at .1: 1,000 hosts span four, each address once, none a .0 or .255."""
+    addresses = host_addresses("127.0.90.0", 1000)
+    assert addresses[:254] == [f"127.0.90.{n}" for n in range(1, 255)]
+    assert addresses[254:256] == ["127.0.91.1", "127.0.91.2"]
+    assert addresses[-1] == "127.0.93.238"
+    assert len(set(addresses)) == 1000
+    assert not any(a.endswith((".0", ".255")) for a in addresses)
+    assert host_addresses("127.0.5.250", 6) == ["127.0.5.251", "127.0.5.252", "127.0.5.253", "127.0.5.254",
+                                                "127.0.6.1", "127.0.6.2"]
 
 
 def test_refuses_without_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

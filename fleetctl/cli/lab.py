@@ -47,11 +47,12 @@ def lab() -> None:
 
 
 @lab.command("up")
-@click.option("--hosts", "-n", "hosts", type=click.IntRange(1, 254), default=4, show_default=True,
+@click.option("--hosts", "-n", "hosts", type=click.IntRange(min=1), default=4, show_default=True,
               help="How many hosts (lab1..labN).")
 @_dir_option
 @click.option("--base-address", default="127.0.1.0", show_default=True,
-              help="Host N listens on this address plus N (inside 127.0.0.0/8), port 22.")
+              help="Host N listens on the N-th address after this one (.0 and .255 skipped; "
+                   "inside 127.0.0.0/8), port 22.")
 @click.option("--systemd-host", "systemd_hosts", multiple=True, metavar="NAME",
               help="Boot this host under a real systemd (its init from now on; repeatable).")
 def up(hosts: int, directory: Path, base_address: str, systemd_hosts: tuple[str, ...]) -> None:

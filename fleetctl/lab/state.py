@@ -125,7 +125,9 @@ def resolve_dir(directory: Path | str) -> Path:
 
 
 def host_addresses(base_address: str, count: int) -> list[str]:
-    """Host N gets base + N; refuse anything outside 127.0.0.0/8 or past .254."""
+    """Host N gets the N-th address after base whose last octet is neither .0 nor .255 (base + N
+    up to .254, then on into the next /24s: a lab of 1,000 hosts spans four); refuse anything
+    outside 127.0.0.0/8."""
     try:
         base = ipaddress.IPv4Address(base_address)
     except ValueError as exc:
@@ -134,10 +136,17 @@ def host_addresses(base_address: str, count: int) -> list[str]:
         raise LabError(f"the base address {base} is outside 127.0.0.0/8: the lab only uses loopback")
     if count < 1:
         raise LabError(f"a lab needs at least one host, not {count}")
-    last_octet = int(base) & 0xFF
-    if last_octet + count > 254:
-        raise LabError(f"{count} hosts do not fit after {base} (the last octet would pass .254)")
-    return [str(base + n) for n in range(1, count + 1)]
+    # Number the usable addresses of 127.0.0.0/8 from 0 (254 per /24): the first after base is
+    # block * 254 + min(last octet, 254).
+    first = int(base) - int(LOOPBACK.network_address)
+    start = (first >> 8) * 254 + min(first & 0xFF, 254)
+    out = []
+    for index in range(start, start + count):
+        offset = (index // 254 << 8) + index % 254 + 1
+        if offset > 0xFFFFFE:
+            raise LabError(f"{count} hosts do not fit after {base} (past 127.255.255.254, the end of loopback)")
+        out.append(str(LOOPBACK.network_address + offset))
+    return out
 
 
 def load_state(paths: LabPaths) -> LabState | None:

@@ -1,0 +1,173 @@
+"""bench/scale.py's output: bench/scale.json, bench/scale.md (one table per job, with its command)
+and one PNG per job under docs/reference/figures/ (where the docs page shows them too; matplotlib:
+wall time and the three per-host costs against the host count, one line per tool).
+
+    .venv/bin/python bench/scale_report.py   # the page and the figures again from bench/scale.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+STEM = HERE / "scale"
+FIGURES = HERE.parent / "docs" / "reference" / "figures"
+TITLES = {"ping": "ping", "facts": "facts", "drift": "drift (version inventory: drift --venv V)",
+          "probe_grep": "probe grep (source search, grep cache kept)", "gpu_health": "gpu health (captured H200 "
+          "nvidia-smi)", "report": "report"}
+# What each tool runs, per job (INV: the inventory of the N hosts; V: /root/ml-env; the peers run the
+# same script, bench/scripts/ping.py or fleetctl's own host-side module, see bench/run.py).
+_F = "fleetctl -i INV -f max(N,32) "
+_GPU = "-e nvidia_smi=/root/fake-nvidia-smi/nvidia-smi -e gpus_expected=1 -e gpu_model=H200 "
+COMMANDS = {
+    "ping": _F + "ping --json",
+    "facts": _F + "facts --json",
+    "drift": _F + "drift --venv V --skip unsatisfied --json; peers: V/bin/python - < inventory.py",
+    "probe_grep": _F + "probe grep update_mamba_state_after_mtp_verify disable_state_update mamba_intermediate "
+                  "Mamba --package sglang --subpath srt --venv V --json; peers: V/bin/python - < search.py",
+    "gpu_health": _F + _GPU + "gpu health --json",
+    "report": _F + _GPU + "report --venv V --json",
+}
+KEPT = ("kept: the same with FLEETCTL_PERSIST=600 (the warm-up opens the connections); OpenSSH: "
+        "`ssh -o KexAlgorithms=curve25519-sha256 root@HOST PY - < SCRIPT`, one per host, all at once; pyinfra: "
+        "`pyinfra -y --parallel N INV exec -- PY -c SCRIPT`; ansible-core: `ansible all -o -m script -a "
+        "'SCRIPT executable=PY'` (forks N, pipelining, ControlPersist)")
+PANELS = (("wall_s", "wall time (s)", 1.0), ("cpu_s", "controller CPU per host (ms)", 1000.0),
+          ("rss_kb", "controller peak RSS per host (KiB)", 1.0), ("host_cpu_s", "hosts' CPU per host (ms)", 1000.0))
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def per_host(tool: dict[str, list[float]], key: str, count: int, scale: float) -> float:
+    value = med(tool[key]) * scale
+    return value if key == "wall_s" else value / count
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``total = fixed + per_host * N`` over the sizes: (fixed, per_host)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
+    return my - slope * mx, slope
+
+
+def constants(sizes: dict[str, Any]) -> list[str]:
+    """Per tool, each cost as a fixed part plus a per-host part (fitted over every size it ran at)."""
+    rows = ["| tool | ctrl CPU: fixed s + ms/host | ctrl peak RSS: fixed MiB + KiB/host | hosts' CPU ms/host |",
+            "|---|---|---|---|"]
+    tools = sorted({t for e in sizes.values() for t in e["tools"]}, key=lambda t: (not t.startswith("fleetctl"), t))
+    for tool in tools:
+        runs = [(int(c), e["tools"][tool]) for c, e in sizes.items() if e["tools"].get(tool, {}).get("wall_s")]
+        if len(runs) < 2:
+            continue
+        cells = []
+        for key, fixed_scale, host_scale in (("cpu_s", 1, 1000), ("rss_kb", 1 / 1024, 1), ("host_cpu_s", 1, 1000)):
+            a, b = fit([(n, med(t[key])) for n, t in runs])
+            cells.append(f"{b * host_scale:.1f}" if key == "host_cpu_s" else
+                         f"{a * fixed_scale:.2f} + {b * host_scale:.2f}")
+        rows.append(f"| {tool} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def save(doc: dict[str, Any], figures: bool = False) -> str:
+    STEM.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    STEM.with_suffix(".md").write_text(markdown(doc))
+    if figures:
+        plot(doc)
+    return f"wrote {STEM.with_suffix('.md')}, {STEM.with_suffix('.json')}" + (f" and {FIGURES}/" if figures else "")
+
+
+def _load(xs: list[float]) -> str:
+    return " / ".join(f"{x:.1f}" for x in xs)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m, lab = doc["machine"], doc.get("lab", {})
+    sizes_run = sorted({int(c) for sizes in doc["results"].values() for c in sizes})
+    out = [f"# Cost curves: read-only jobs at {', '.join(map(str, sizes_run))} lab hosts (issue 37)", "",
+           f"{doc['date']} (the last run); {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}, "
+           f"{m['openssh']}; peers: {', '.join(f'{k} {v}' for k, v in doc['peers'].items())}. Medians of each "
+           f"row's runs (its hosts cell says how many) after {doc['warmup']} warm-up, tools alternating "
+           "within each round. The machine is shared (7 other "
+           "engineers and CI): the load average (1/5/15 min) as each job started stands beside it. Wall time "
+           "is the noisiest column; controller CPU, peak RSS and hosts' CPU are much steadier.", "",
+           *(["Commands (merged with --merge, each size and job stating its own): "
+              + "; ".join(f"`{c}`" for c in doc["merged"])] if doc.get("merged") else [f"Command: `{doc['command']}`"]),
+           ""]
+    if lab:
+        out += ["Lab: an idle host is one sshd listener in its own mount + UTS namespace (one process, a "
+                "handful of open files). PSS splits shared pages among the sharers; RSS counts them in full. "
+                "MemAvailable's fall over the start is the whole machine's view (the kernel's share: "
+                "namespaces, the copied /etc in page cache), and moves with the other engineers' work.", "",
+                "| hosts | started | up s | last address | PSS KiB/host | RSS KiB/host | MemAvailable fall "
+                "KiB/started host | venvs s |", "|---|---|---|---|---|---|---|---|"]
+        for count, e in lab.items():
+            out.append(f"| {count} | {e['started']} | {e['up_s']} | {e['last_address']} | {e['pss_kib_per_host']:.0f}"
+                       f" | {e['rss_kib_per_host']:.0f} | {e['mem_available_drop_kib_per_started_host']:.0f}"
+                       f" | {e['venvs_s']} |")
+        out.append("")
+    for job, sizes in doc["results"].items():
+        out += [f"## {TITLES.get(job, job)}", "", f"`{COMMANDS.get(job, job)}`; {KEPT}.", "",
+                f"![{job}](../docs/reference/figures/scale-{job}.png)", "",
+                "| hosts | tool | wall s (min-max) | ctrl CPU ms/host | ctrl peak RSS KiB/host | hosts' CPU "
+                "ms/host | load before |", "|---|---|---|---|---|---|---|"]
+        for count, entry in sizes.items():
+            n = int(count)
+            for tool, t in entry["tools"].items():
+                if not t["wall_s"]:
+                    why = t.get("failed", "").replace("|", "/").replace("\n", " ")
+                    out.append(f"| {n} | {tool} | failed: {why[:160]} | | | | "
+                               f"{_load(entry['load_before'])} |")
+                    continue
+                runs = entry.get("runs", doc["runs"])
+                wall = t["wall_s"]
+                out.append(f"| {n} ({runs} runs) | {tool} | {med(wall):.2f} ({min(wall):.2f}-{max(wall):.2f})"
+                           f" | {per_host(t, 'cpu_s', n, 1000):.1f} | {per_host(t, 'rss_kb', n, 1):.0f}"
+                           f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {_load(entry['load_before'])} |")
+        out += ["", f"Fitted over {', '.join(sizes)} hosts (least squares, total = fixed + per host x N; the "
+                "wall time is left out: on this shared machine it moves with the load):", "",
+                *constants(sizes), ""]
+    if "elapsed_s" in doc:
+        out.append(f"The whole run took {doc['elapsed_s']:.0f} s.")
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    FIGURES.mkdir(exist_ok=True)
+    for job, sizes in doc["results"].items():
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
+        tools = sorted({t for e in sizes.values() for t in e["tools"]}, key=lambda t: (not t.startswith("fleetctl"), t))
+        for ax, (key, label, scale) in zip(axes.flat, PANELS, strict=True):
+            for tool in tools:
+                pts = [(int(c), per_host(e["tools"][tool], key, int(c), scale)) for c, e in sizes.items()
+                       if tool in e["tools"] and e["tools"][tool]["wall_s"]]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=tool)
+            ax.set_xscale("log")
+            ax.set_xticks([int(c) for c in sizes], [str(c) for c in sizes])
+            ax.minorticks_off()
+            ax.set_xlabel("hosts")
+            ax.set_ylabel(label)
+            ax.set_yscale("log")  # tools differ by 10-50x, and a fixed cost per run falls as 1/N per host
+            ax.grid(True, alpha=0.3)
+        axes.flat[0].legend(fontsize=8)
+        loads = "; ".join(f"{c}: {e['load_before'][0]:.1f}" for c, e in sizes.items())
+        fig.suptitle(f"{TITLES.get(job, job)}: {doc['date'][:10]}, load average (1 min) by hosts {loads}",
+                     fontsize=10)
+        fig.savefig(FIGURES / f"scale-{job}.png", dpi=90)
+        plt.close(fig)
+
+
+if __name__ == "__main__":  # re-render bench/scale.md and the figures from bench/scale.json
+    print(save(json.loads(STEM.with_suffix(".json").read_text()), figures=True))
