@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,15 +109,15 @@ def planted(lab_fleet: LabHandle, tmp_path: Path) -> Iterator[Path]:
 class Story:
     """Every command of the story as a real process; what each wrote, kept."""
 
-    def __init__(self, inv: Path, home: Path) -> None:
-        self.inv, self.home = inv, home
+    def __init__(self, inv: Path, home: Path, mux_dir: Path) -> None:
+        self.inv, self.home, self.mux_dir = inv, home, mux_dir
         self.outputs: list[tuple[str, str]] = []
 
     def __call__(self, *args: str, rc: int | None = 0) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "fleetctl.cli.main", "-i", str(self.inv), "--vault-password-file",
                 str(self.inv.parent.parent / "vault-pw"), "-b", "--yes", *args]
         env = {**os.environ, "COLUMNS": "200", "FLEETCTL_LOG_DIR": str(self.home / "logs"),
-               "HOME": str(self.home), "FLEETCTL_MUX_DIR": str(self.home / "mux")}
+               "HOME": str(self.home), "FLEETCTL_MUX_DIR": str(self.mux_dir)}
         env.pop("SSH_AUTH_SOCK", None)
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env,
                               cwd=self.inv.parent)
@@ -131,8 +132,18 @@ def leaks(outputs: list[tuple[str, str]]) -> list[str]:
 
 
 def test_no_secret_reaches_any_output_of_a_whole_story(lab_fleet: LabHandle, planted: Path, tmp_path: Path) -> None:
-    lab, story = lab_fleet, Story(planted, tmp_path / "home")
+    # the connection server's socket and log: a short folder (a unix socket's path has at most 107 bytes,
+    # which tmp_path under xdist with this test's name overruns)
+    mux_dir = Path(tempfile.mkdtemp(prefix="fx-mux-"))
+    lab, story = lab_fleet, Story(planted, tmp_path / "home", mux_dir)
     (tmp_path / "home").mkdir()
+    try:
+        walk_the_story(lab, story, tmp_path, planted)
+    finally:
+        shutil.rmtree(mux_dir, ignore_errors=True)
+
+
+def walk_the_story(lab: LabHandle, story: Story, tmp_path: Path, planted: Path) -> None:
     good, second = (write_spec(tmp_path, n, GOOD, base=TINY_BASE, sglang=False) for n in ("good", "second"))
     sick = write_spec(tmp_path, "sick", SICK, base=TINY_BASE, sglang=False)
     log_token = ("-e", f"log_token={LOG_TOKEN}")
@@ -160,9 +171,9 @@ def test_no_secret_reaches_any_output_of_a_whole_story(lab_fleet: LabHandle, pla
     try:  # kept connections: the connection server's own log is an output too
         story("--persist", "60", "-vv", "-l", HOST, "status", "--json")
     finally:
-        mux.stop_server(mux.socket_path(tmp_path / "home" / "mux"))
+        mux.stop_server(mux.socket_path(story.mux_dir))
 
-    files = [p for folder in (planted.parent / ".fleetctl", tmp_path / "home") if folder.exists()
+    files = [p for folder in (planted.parent / ".fleetctl", tmp_path / "home", story.mux_dir) if folder.exists()
              for p in sorted(folder.rglob("*")) if p.is_file()]  # journals; crash and server logs
     assert any(p.suffix == ".jsonl" for p in files), "no run journal was written: nothing searched there"
     outputs = [*story.outputs, *((str(p), p.read_text(errors="replace")) for p in files),
@@ -194,7 +205,8 @@ CMDLINES = textwrap.dedent("""\
 def test_the_become_password_is_on_no_command_line(lab_fleet: LabHandle, planted: Path, tmp_path: Path) -> None:
     """While a become command runs, the command lines of its ancestors (sudo's among them) and of
     every process of the login user are read: sudo got the password on stdin, so none holds it."""
-    proc = Story(planted, tmp_path)("-l", HOST, "shell", "--json", f"/usr/bin/python3 -c {shlex.quote(CMDLINES)}")
+    story = Story(planted, tmp_path, tmp_path / "mux")
+    proc = story("-l", HOST, "shell", "--json", f"/usr/bin/python3 -c {shlex.quote(CMDLINES)}")
     stdout = json.loads(proc.stdout)["hosts"][HOST]["value"]["stdout"]
     cmdlines = json.loads(base64.b64decode(stdout))
     assert any(line.startswith("sudo -H -S -p ") for line in cmdlines), cmdlines  # sudo's own line was read

@@ -77,3 +77,18 @@ def test_no_server_means_nothing_to_list_or_stop(tmp_path: Path) -> None:
     path = mux.socket_path(tmp_path)
     assert mux.server_status(path) is None
     assert mux.stop_server(path) is None
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_one_line_naming_the_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_support import run_cli
+
+    deep = tmp_path / ("d" * 100) / "mux"
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(deep))
+    assert len(os.fsencode(mux.socket_path(deep))) > mux.SUN_PATH_MAX
+    with pytest.raises(InputError, match="too long for the persistent-connection socket"):
+        mux.server_status(mux.socket_path(deep))
+    r = run_cli(capsys, "connections", "list")  # before: a raw OSError "AF_UNIX path too long"
+    assert r.rc == 3, r.out + r.err
+    assert r.err.strip().splitlines()[-1].endswith("set FLEETCTL_MUX_DIR to a shorter folder"), r.err
+    assert "Traceback" not in r.err

@@ -192,7 +192,13 @@ def connect(path: Path, persist: float) -> socket.socket:
                          "run without --persist / FLEETCTL_PERSIST meanwhile")
 
 
+SUN_PATH_MAX = 107  # bytes of a unix socket's path on Linux (sun_path is 108, NUL included)
+
+
 def _dial(path: Path) -> socket.socket:
+    if len(os.fsencode(path)) > SUN_PATH_MAX:  # else connect() says only "AF_UNIX path too long"
+        raise InputError(f"{path}: too long for the persistent-connection socket ({len(os.fsencode(path))} bytes, "
+                         f"at most {SUN_PATH_MAX}); set FLEETCTL_MUX_DIR to a shorter folder")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
