@@ -19,7 +19,7 @@ from cli_support import run_cli
 from lab_support import LabHandle, host_processes, listening_sockets, worker_lab_dir
 
 from fleetctl.lab import lab_down, lab_up
-from fleetctl.lab.systemd_host import set_init
+from fleetctl.lab.fleet import set_init
 
 HOST = "lab1"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

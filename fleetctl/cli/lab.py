@@ -59,7 +59,7 @@ def up(hosts: int, directory: Path, base_address: str, systemd_hosts: tuple[str,
     """Start the lab (idempotent); the last line printed is the inventory path."""
     from fleetctl.lab import lab_up  # the lab code loads only for lab commands
     from fleetctl.lab.accounts import LAB_USER
-    from fleetctl.lab.systemd_host import set_init
+    from fleetctl.lab.fleet import set_init
 
     for name in systemd_hosts:
         set_init(directory, name, hosts=hosts)

@@ -297,3 +297,23 @@ def _existing_state(paths: LabPaths) -> LabState:
     if state is None:
         raise LabError(f"no lab in {paths.directory}: run `fleetctl lab up` first")
     return state
+
+
+def set_init(directory: Path | str, name: str, systemd: bool = True, hosts: int = 254) -> None:
+    """Make one host (of lab1..lab``hosts``) boot under systemd (or the lab's shell init) from its next
+    start; a running host under the other init is restarted now."""
+    paths = LabPaths(resolve_dir(directory))
+    number = name[3:] if name.startswith("lab") and name[3:].isdigit() else ""
+    if not number or not 1 <= int(number) <= hosts or number != str(int(number)):
+        raise LabError(f"no lab host named {name!r}: the hosts are lab1..lab{hosts}")
+    why = systemd_host.usable(paths) if systemd else ""
+    if why:
+        raise LabError(f"{name}: {why}")
+    paths.host_dir(name).mkdir(parents=True, exist_ok=True)
+    options = files.read_host_options(paths, name)
+    options[systemd_host.INIT_OPTION] = systemd_host.SYSTEMD_INIT if systemd else "sh"
+    files.write_host_options(paths, name, options)
+    running = [s for s in lab_status(paths.directory) if s.name == name and s.state == "up"]
+    if running and bool(systemd_host.running_init(paths, name)) != systemd:
+        stop_host(paths.directory, name)
+        start_host(paths.directory, name)

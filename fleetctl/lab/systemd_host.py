@@ -1,6 +1,6 @@
 """A lab host whose init is a real systemd (PID 1 of its own PID namespace), not a shell.
 
-Chosen per host (``init: systemd`` in its options.json: ``set_init``, ``lab up --systemd-host``). The
+Chosen per host (``init: systemd`` in its options.json: ``fleet.set_init``, ``lab up --systemd-host``). The
 host is the lab's usual one (its own /etc copy, private /root /opt /srv /var/lib/fleetctl /home, its own loopback
 address) plus a PID, cgroup and UTS namespace, and systemd 252 boots it: journald and the D-Bus
 system bus, then the host's sshd as a unit, then whatever fleetctl enabled (``multi-user.target.wants``).
@@ -357,26 +357,3 @@ def _remove_cgroup(cgroup: Path) -> None:
             folder.rmdir()
         except OSError:
             pass
-
-
-def set_init(directory: Path | str, name: str, systemd: bool = True, hosts: int = 254) -> None:
-    """Make one host (of lab1..lab``hosts``) boot under systemd (or the lab's shell init) from its next
-    start; a running host under the other init is restarted now."""
-    from fleetctl.lab.fleet import lab_status, start_host, stop_host
-    from fleetctl.lab.state import resolve_dir
-
-    paths = LabPaths(resolve_dir(directory))
-    number = name[3:] if name.startswith("lab") and name[3:].isdigit() else ""
-    if not number or not 1 <= int(number) <= hosts or number != str(int(number)):
-        raise LabError(f"no lab host named {name!r}: the hosts are lab1..lab{hosts}")
-    why = usable(paths) if systemd else ""
-    if why:
-        raise LabError(f"{name}: {why}")
-    paths.host_dir(name).mkdir(parents=True, exist_ok=True)
-    options = files.read_host_options(paths, name)
-    options[INIT_OPTION] = SYSTEMD_INIT if systemd else "sh"
-    files.write_host_options(paths, name, options)
-    running = [s for s in lab_status(paths.directory) if s.name == name and s.state == "up"]
-    if running and bool(running_init(paths, name)) != systemd:
-        stop_host(paths.directory, name)
-        start_host(paths.directory, name)

@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, fields
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetctl.errors import (
     AgentError,
@@ -54,7 +54,6 @@ from fleetctl.transport.agent import AgentInfo, module_source, step_outcome
 from fleetctl.transport.base import Step
 
 if TYPE_CHECKING:
-    from fleetctl.transport.mux_calls import KeptRounds
     from fleetctl.transport.ssh import SSHTarget
 
 PROTOCOL = 1
@@ -216,6 +215,12 @@ def request(sock: socket.socket, msg: dict[str, Any]) -> dict[str, Any]:
     return dict(answer)
 
 
+class RequestBatch(Protocol):
+    """A fleet pass that sends its hosts' requests together (``mux_calls.KeptRounds``)."""
+
+    def ask(self, agent: MuxAgentClient, msg: dict[str, Any]) -> dict[str, Any]: ...
+
+
 class MuxAgentClient:
     """The ``AgentClient`` interface, served by the persistent-connection server."""
 
@@ -227,7 +232,7 @@ class MuxAgentClient:
         self.persist = persist
         self._path = path  # found when first needed: a fleet's ping asks the server once for all hosts
         self.info: AgentInfo | None = None
-        self.batch: KeptRounds | None = None  # set while a fleet pass batches its hosts' requests (mux_calls)
+        self.batch: RequestBatch | None = None  # set while a fleet pass batches its hosts' requests (mux_calls)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fleetctl.errors import AgentError, ConnectError, FleetError
 from fleetctl.transport import mux, mux_server
@@ -30,16 +30,34 @@ if TYPE_CHECKING:
     import socket
 
     from fleetctl.transport.base import HostResult
-    from fleetctl.transport.fleet import Fleet, HostContext
 
 T = TypeVar("T")
+
+
+class HostContext(Protocol):
+    """What a pass needs of a host's context (``transport.fleet.HostContext``, which uses this module)."""
+
+    agent: Any
+
+
+class Fleet(Protocol):
+    """What a pass needs of the fleet (``transport.fleet.Fleet``, which uses this module)."""
+
+    contexts: Any
+    settings: Any
+    kept_frames: int
+
+    def map_threads(self, fn: Callable[[Any], T], names: list[str]) -> dict[str, HostResult[T]]: ...
+
+    def run_one(self, ctx: Any, fn: Callable[[Any], T]) -> HostResult[T]: ...
+
 CLIENT_THREADS = 512  # host functions alive at once: each only waits for its turn in a frame
 SERVER_THREADS = 64  # as mux_batch: round trips overlap, the GIL bounds the rest
 STALL_S = 5.0  # a request waits at most this long for host functions that neither ask nor finish
 
 
 # -- client --------------------------------------------------------------------------------------
-def map_kept(fleet: Fleet, fn: Callable[[HostContext], T], names: list[str]) -> dict[str, HostResult[T]]:
+def map_kept(fleet: Fleet, fn: Callable[[Any], T], names: list[str]) -> dict[str, HostResult[T]]:
     """``fn`` on every host of ``names``; the kept hosts' requests batched (module doc)."""
     kept = [n for n in names if isinstance(fleet.contexts[n].agent, mux.MuxAgentClient)]
     results: dict[str, HostResult[T]] = {}
@@ -87,7 +105,7 @@ class KeptRounds:
     flushing: bool = False
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # each host's target, as sent
 
-    def run(self, fleet: Fleet, ctx: HostContext, fn: Callable[[HostContext], T]) -> HostResult[T]:
+    def run(self, fleet: Fleet, ctx: HostContext, fn: Callable[[Any], T]) -> HostResult[T]:
         agent = ctx.agent
         assert isinstance(agent, mux.MuxAgentClient)
         with self.cond:
