@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import skip_guard
@@ -122,3 +125,17 @@ def release_free_lab(sglang_lab: LabHandle) -> Iterator[LabHandle]:
     yield sglang_lab
     for host in sglang_lab.hosts:
         sglang_lab.ssh(host, CLEAN_RELEASES)
+
+
+@pytest.fixture
+def mux_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private connection server (``--persist``) for this test, stopped with every kept connection at
+    the end. A short folder: a unix socket's path has at most 107 bytes, which a long test's tmp_path
+    under xdist overruns."""
+    from fleetctl.transport import mux
+
+    folder = Path(tempfile.mkdtemp(prefix="fx-mux-")) / "mux"
+    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
+    yield folder
+    mux.stop_server(mux.socket_path(folder))
+    shutil.rmtree(folder.parent, ignore_errors=True)

@@ -33,13 +33,6 @@ TIMING = re.compile(r"(_ms|_s|seconds|elapsed|duration|age)$")
 GAUGES = ("free", "memory_available", "script_path")
 
 
-@pytest.fixture
-def mux_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    folder = tmp_path / "mux"
-    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
-    yield folder
-    mux.stop_server(mux.socket_path(folder))
-
 
 @pytest.fixture(scope="module")
 def smi_lab(sglang_lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabHandle]:

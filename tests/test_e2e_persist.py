@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,6 @@ PERSIST = RunSettings(persist=60)
 
 
 
-
-@pytest.fixture
-def mux_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private server for this test; stopped (with every kept connection) at the end."""
-    folder = tmp_path / "mux"
-    monkeypatch.setenv("FLEETCTL_MUX_DIR", str(folder))
-    yield folder
-    mux.stop_server(mux.socket_path(folder))
 
 
 def _agent_pids(inventory: Path, hosts: str = "all", **extra: str) -> dict[str, int]:
