@@ -121,9 +121,20 @@ def stream_once(base: str, tokens: int, timeout: float = 120, model: str = MODEL
     if answer.status != 200:
         return 0, f"HTTP {answer.status}: {raw[:200]!r}"
     events = sse_events(raw)
-    got = sum(1 for e in events if e != "[DONE]" and json.loads(e)["choices"]
-              and json.loads(e)["choices"][0].get("text"))
-    return got, cut or ("" if events and events[-1] == "[DONE]" else "no [DONE]")
+    got, error = 0, ""
+    for event in events:
+        if event == "[DONE]":
+            continue
+        try:
+            doc = json.loads(event)
+        except ValueError:
+            error = error or f"stream event not JSON: {event[:200]!r}"
+            continue
+        if "error" in doc or "choices" not in doc:  # the gateway's error event when its upstream broke
+            error = error or f"stream error: {event[:200]}"
+        elif doc["choices"] and doc["choices"][0].get("text"):
+            got += 1
+    return got, cut or error or ("" if events and events[-1] == "[DONE]" else "no [DONE]")
 
 
 @contextmanager
@@ -133,7 +144,10 @@ def streaming_load(base: str, clients: int = 4, tokens: int = 40, model: str = M
 
     def client() -> None:
         while not stop.is_set():
-            got, problem = stream_once(base, tokens, model=model)
+            try:
+                got, problem = stream_once(base, tokens, model=model)
+            except Exception as exc:  # never a client lost silently: whatever broke is a failed request
+                got, problem = 0, f"client error: {exc!r}"
             if problem and not got and not problem.startswith("stream cut"):
                 stop.wait(0.1)  # a client that failed tries again a little later, not in a tight loop
             with tally.lock:
