@@ -324,7 +324,8 @@ def test_check_mode_changes_nothing(lab: LabHandle, tmp_path: Path, capsys: pyte
     assert "would deploy" in r.out and "+++ b/sglang/srt/speculative/spec_info.py" in r.out
     # piped (not a terminal), the rendered command is one whole line, its last launch args included
     commands = [line for line in r.out.splitlines() if line.startswith("/opt/fleetctl/current/venv/bin/python ")]
-    assert commands and all(line.endswith(" --speculative-num-draft-tokens 16") for line in commands), commands
+    assert commands and all(line.endswith(" --speculative-num-draft-tokens 16 --enable-metrics")
+                            for line in commands), commands
     assert {h: fingerprint(lab, h) for h in HOSTS} == before
 
 

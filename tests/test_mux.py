@@ -92,3 +92,28 @@ def test_a_socket_path_too_long_for_unix_sockets_is_one_line_naming_the_setting(
     assert r.rc == 3, r.out + r.err
     assert r.err.strip().splitlines()[-1].endswith("set FLEETCTL_MUX_DIR to a shorter folder"), r.err
     assert "Traceback" not in r.err
+
+
+def test_a_server_that_dies_as_it_is_asked_means_no_server(tmp_path: Path) -> None:
+    """A killed server's socket can still accept (the kernel's backlog) and then reset: no server ran."""
+    import socket
+    import threading
+
+    path = mux.socket_path(tmp_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+
+    def accept_and_drop(n: int) -> None:
+        for _ in range(n):
+            conn, _ = listener.accept()
+            conn.close()
+
+    dropper = threading.Thread(target=accept_and_drop, args=(2,), daemon=True)
+    dropper.start()
+    try:
+        assert mux.server_status(path) is None
+        assert mux.stop_server(path, wait_s=0) is None
+    finally:
+        dropper.join(timeout=10)
+        listener.close()

@@ -358,7 +358,10 @@ def server_status(path: Path | None = None) -> list[dict[str, Any]] | None:
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     with sock:
-        return list(request(sock, {"op": "list"}).get("result") or [])
+        try:
+            return list(request(sock, {"op": "list"}).get("result") or [])
+        except (ConnectionResetError, BrokenPipeError, EOFError):  # it was dying: accepted, then gone
+            return None
 
 
 def stop_server(path: Path | None = None, wait_s: float = 10.0) -> int | None:
@@ -369,7 +372,10 @@ def stop_server(path: Path | None = None, wait_s: float = 10.0) -> int | None:
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     with sock:
-        held = int(request(sock, {"op": "stop"}).get("result") or 0)
+        try:
+            held = int(request(sock, {"op": "stop"}).get("result") or 0)
+        except (ConnectionResetError, BrokenPipeError, EOFError):  # it was dying (killed): nothing left to stop
+            return None
     deadline = time.monotonic() + wait_s
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
