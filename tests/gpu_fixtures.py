@@ -7,6 +7,8 @@ rest of the document stays byte-for-byte the capture) and checks that exactly on
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,16 @@ def install_fake_smi(lab: Any, host: str, xml: str, scratch: Path) -> None:
 
 def remove_fake_smi(lab: Any, host: str) -> None:
     lab.ssh(host, f"rm -rf {FAKE_SMI_DIR}", check=False)
+
+
+@contextmanager
+def lab2_remapping_pending(lab: Any, scratch: Path) -> Iterator[Any]:
+    """Every host's fake nvidia-smi prints the real capture, lab2's with a row remapping pending (a red
+    host); removed at the end."""
+    for host in lab.hosts:
+        install_fake_smi(lab, host, derive("remap-pending") if host == "lab2" else H200_XML, scratch)
+    try:
+        yield lab
+    finally:
+        for host in lab.hosts:
+            remove_fake_smi(lab, host)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from cli_support import CliRun, run_cli
-from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fake_smi
+from gpu_fixtures import FAKE_SMI, lab2_remapping_pending
 from lab_support import LabHandle
 
 pytestmark = pytest.mark.lab
@@ -19,12 +19,8 @@ VARS = ("-e", f"nvidia_smi={FAKE_SMI}", "-e", "gpus_expected=1", "-e", "gpu_mode
 @pytest.fixture(scope="module")
 def gpu_lab(lab_fleet: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabHandle]:
     """lab1 and lab3 print the real capture; lab2 the capture with row remapping pending."""
-    scratch = tmp_path_factory.mktemp("fake-smi")
-    for host in lab_fleet.hosts:
-        install_fake_smi(lab_fleet, host, derive("remap-pending") if host == "lab2" else H200_XML, scratch)
-    yield lab_fleet
-    for host in lab_fleet.hosts:
-        remove_fake_smi(lab_fleet, host)
+    with lab2_remapping_pending(lab_fleet, tmp_path_factory.mktemp("fake-smi")):
+        yield lab_fleet
 
 
 def health(capsys: pytest.CaptureFixture[str], lab: LabHandle, *args: str) -> CliRun:

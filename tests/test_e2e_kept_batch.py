@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from cli_support import run_cli
-from gpu_fixtures import FAKE_SMI, H200_XML, derive, install_fake_smi, remove_fake_smi
+from gpu_fixtures import FAKE_SMI, lab2_remapping_pending
 from lab_support import LabHandle
 from sglang_support import ML_VENV
 
@@ -30,19 +30,17 @@ SMI = ("-e", f"nvidia_smi={FAKE_SMI}", "-e", "gpus_expected=1", "-e", "gpu_model
 # Fields that measure time (or the caches' age), never what a host answered.
 TIMING = re.compile(r"(_ms|_s|seconds|elapsed|duration|age)$")
 # What moves between any two runs, fresh or kept alike: free disk, available memory, a temporary path.
-GAUGES = ("free", "memory_available", "script_path")
+# ``cached_files`` too: the grep cache trusts no file whose ctime moved in the last seconds, so how many
+# files it answered from depends on when the run came (the hits it found do not).
+GAUGES = ("free", "memory_available", "script_path", "cached_files")
 
 
 
 @pytest.fixture(scope="module")
 def smi_lab(sglang_lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabHandle]:
     """The sglang lab; lab2's fake nvidia-smi reports a row remapping pending (a red host)."""
-    scratch = tmp_path_factory.mktemp("fake-smi")
-    for host in sglang_lab.hosts:
-        install_fake_smi(sglang_lab, host, derive("remap-pending") if host == "lab2" else H200_XML, scratch)
-    yield sglang_lab
-    for host in sglang_lab.hosts:
-        remove_fake_smi(sglang_lab, host)
+    with lab2_remapping_pending(sglang_lab, tmp_path_factory.mktemp("fake-smi")):
+        yield sglang_lab
 
 
 def _untimed(doc: Any) -> Any:
