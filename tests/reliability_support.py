@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from lab_support import LabHandle
 from service_cleanup import stop_services, unmount
 
@@ -240,3 +241,17 @@ def unmount_state_dir(lab: LabHandle, host: str) -> None:
 def journal_events(path: Path) -> list[dict[str, object]]:
     """A run journal's events (a line cut short by a killed controller is left out)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def slow_rollout(lab: LabHandle, folder: Path, start_delay: int, timeout: int) -> tuple[Path, Path, Path]:
+    """Release v1 (tiny), release v2 whose server answers /health only ``start_delay`` s after it starts,
+    and a playbook rolling v2 out one host at a time (``on_failure: rollback_all``): (v1, v2, playbook)."""
+    (first,) = tiny_releases(lab, folder, ["v1"])
+    second = folder / "v2.yml"
+    slow = (f'service:\n  standin: true\n  args: [--standin-start-delay, "{start_delay}"]\n'
+            f"health: {{timeout: {timeout}, interval: 0.2}}\n")
+    second.write_text(first.read_text().replace("name: v1", "name: v2").split("service:")[0] + slow)
+    book = folder / "rollout.yml"
+    book.write_text(yaml.safe_dump([{"name": "rollout", "hosts": "lab", "serial": 1, "on_failure": "rollback_all",
+                                     "tasks": [{"name": "deploy", "release": str(second)}]}]))
+    return first, second, book

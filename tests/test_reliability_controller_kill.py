@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_support import run_cli
 from lab_support import LabHandle
 from reliability_support import (
@@ -19,28 +18,22 @@ from reliability_support import (
     fault_happened,
     journal_events,
     release_state,
-    tiny_releases,
+    slow_rollout,
     wait_until,
 )
 
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
-# The new release's server answers /health only after 6 s: the kill lands inside the gate.
-SLOW = 'service:\n  standin: true\n  args: [--standin-start-delay, "6"]\nhealth: {timeout: 60, interval: 0.2}\n'
 
 
 def test_controller_killed_in_a_health_gate_then_resume_finishes(
         scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lab, inv = scratch_lab, str(scratch_lab.inventory_path)
-    (first,) = tiny_releases(lab, tmp_path, ["v1"])
-    second = tmp_path / "v2.yml"
-    second.write_text(first.read_text().replace("name: v1", "name: v2").split("service:")[0] + SLOW)
+    # The new release's server answers /health only after 6 s: the kill lands inside the gate.
+    first, second, book = slow_rollout(lab, tmp_path, start_delay=6, timeout=60)
     old, new = load_spec(first).release_id, load_spec(second).release_id
     assert run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(first)).rc == 0
-    book = tmp_path / "rollout.yml"
-    book.write_text(yaml.safe_dump([{"name": "rollout", "hosts": "lab", "serial": 1, "on_failure": "rollback_all",
-                                     "tasks": [{"name": "deploy", "release": str(second)}]}]))
     runs = lab.dir / ".fleetctl" / "runs"
     earlier = set(runs.glob("*.jsonl"))  # the plain deploy's journal
     proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", inv, "run", str(book)],

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_support import run_cli
 from lab_support import LabHandle
 from reliability_support import (
@@ -21,28 +20,22 @@ from reliability_support import (
     fault_happened,
     journal_events,
     release_state,
-    tiny_releases,
+    slow_rollout,
     wait_until,
 )
 
 from fleetctl.release.spec import load_spec
 
 pytestmark = pytest.mark.lab
-# The new release answers /health only after 20 s: both Ctrl-Cs land inside batch 2's gate.
-SLOW = 'service:\n  standin: true\n  args: [--standin-start-delay, "20"]\nhealth: {timeout: 90, interval: 0.2}\n'
 
 
 def test_a_second_ctrl_c_rolls_the_gated_host_back_and_records_the_end(
         scratch_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lab, inv = scratch_lab, str(scratch_lab.inventory_path)
-    (first,) = tiny_releases(lab, tmp_path, ["v1"])
-    second = tmp_path / "v2.yml"
-    second.write_text(first.read_text().replace("name: v1", "name: v2").split("service:")[0] + SLOW)
+    # The new release answers /health only after 20 s: both Ctrl-Cs land inside batch 2's gate.
+    first, second, book = slow_rollout(lab, tmp_path, start_delay=20, timeout=90)
     old, new = load_spec(first).release_id, load_spec(second).release_id
     assert run_cli(capsys, "-i", inv, "-l", "all", "deploy", str(first)).rc == 0
-    book = tmp_path / "rollout.yml"
-    book.write_text(yaml.safe_dump([{"name": "rollout", "hosts": "lab", "serial": 1, "on_failure": "rollback_all",
-                                     "tasks": [{"name": "deploy", "release": str(second)}]}]))
     runs = lab.dir / ".fleetctl" / "runs"
     earlier = set(runs.glob("*.jsonl"))
     proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", inv, "run", str(book)],
