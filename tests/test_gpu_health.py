@@ -35,9 +35,14 @@ def test_the_real_capture_is_green_on_every_check() -> None:
     assert report.level is Level.GREEN and not_green(report) == []
     rules = [c.rule for c in report.gpus[1].checks]
     assert rules == ["ecc_uncorrectable", "ecc_correctable", "row_remapping", "retired_pages", "hw_slowdown",
-                     "power_cap", "temperature", "pcie_link", "nvlink", "xid"]
-    assert [c.rule for c in report.gpus[0].checks] == ["gpu_count", "gpu_model"]
+                     "power_cap", "temperature", "pcie_link", "nvlink", "xid", "fabric", "processes", "persistence",
+                     "mig"]
+    assert [c.rule for c in report.gpus[0].checks] == ["gpu_count", "gpu_model", "topology"]
     assert report.summary() == "green: 1 GPU, every check green"
+    values = {c.rule: c.value for g in report.gpus for c in g.checks}  # what the capture says, N/A where it is
+    assert (values["fabric"], values["processes"], values["persistence"], values["mig"]) == (
+        "n/a (no NVLink fabric on this GPU)", "no process", "Enabled", "Disabled")
+    assert values["topology"] == "1 GPU: no pair to connect"
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))

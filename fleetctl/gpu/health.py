@@ -11,36 +11,15 @@ import datetime as dt
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
 from typing import Any
 
 from fleetctl.errors import InputError
+from fleetctl.gpu import hgx
+from fleetctl.gpu.checks import Check as Check  # re-exported: callers import the verdict types from here
+from fleetctl.gpu.checks import Level as Level
+from fleetctl.gpu.checks import worst as worst
 from fleetctl.gpu.logs import NvLink, XidEvent, pci_key
 from fleetctl.gpu.smi import GpuFacts, GpuInfo
-
-
-class Level(StrEnum):
-    GREEN = "green"
-    AMBER = "amber"
-    RED = "red"
-
-    @property
-    def rank(self) -> int:
-        return ("green", "amber", "red").index(self.value)
-
-
-def worst(levels: list[Level]) -> Level:
-    return max(levels, key=lambda lv: lv.rank, default=Level.GREEN)
-
-
-@dataclass(frozen=True)
-class Check:
-    rule: str
-    level: Level
-    value: str  # what decided it, for a person: "volatile 2, aggregate 2"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "level": self.level.value, "value": self.value}
 
 
 @dataclass(frozen=True)
@@ -57,6 +36,11 @@ class Thresholds:
     xid_ignore: frozenset[int] = frozenset()  # gpu_xid_ignore: Xid numbers never counted
     gpus_expected: int | None = None  # gpus_expected (or gpus_per_host): GPU count other than this: red
     gpu_model: str | None = None  # gpu_model: a GPU whose name does not contain this (regex search): red
+    nvlink_expected: bool | None = None  # gpu_nvlink_expected: every GPU pair NVLinked? None: from the model
+    nvlink_per_pair: int | None = None  # gpu_nvlink_per_pair: NVLinks each pair must have; None: the usual count
+    processes_allowed: tuple[str, ...] = ()  # gpu_processes_allowed: process names (globs) that may hold a GPU
+    foreign_processes: str = "amber"  # gpu_foreign_processes: the level of a GPU held by another process
+    mig_expected: bool = False  # gpu_mig_expected: MIG mode every GPU must be in (enabled or not)
 
     @classmethod
     def from_vars(cls, variables: Mapping[str, Any], host: str) -> Thresholds:
@@ -87,7 +71,31 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+def _bool(value: Any) -> bool:
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or text in ("true", "false", "yes", "no", "1", "0"):
+        return value if isinstance(value, bool) else text in ("true", "yes", "1")
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).replace(",", " ").split()
+    return tuple(str(v) for v in items if str(v))
+
+
+def _level(value: Any) -> str:
+    if str(value) not in ("amber", "red"):
+        raise ValueError(f"expected amber or red, got {value!r}")
+    return str(value)
+
+
+_CONVERTERS = {"nvlink_expected": _bool, "mig_expected": _bool, "processes_allowed": _names,
+               "foreign_processes": _level}
+
+
 def _convert(name: str, value: Any) -> Any:
+    if name in _CONVERTERS:
+        return _CONVERTERS[name](value)
     if name == "gpu_model":
         text = str(value)
         try:
@@ -305,7 +313,17 @@ def host_checks(facts: GpuFacts, t: Thresholds) -> list[Check]:
         out.append(Check("gpu_model", Level.RED if other else Level.GREEN,
                          f"{', '.join(other)} (expected {t.gpu_model!r})" if other
                          else f"{facts.gpus[0].name} matches {t.gpu_model!r}"))
+    if facts.gpus:
+        out.append(hgx.topology(facts.topology, facts.topology_error, facts.count, [g.name for g in facts.gpus],
+                                t.nvlink_expected, t.nvlink_per_pair))
     return out
+
+
+def serving_checks(gpu: GpuInfo, facts: GpuFacts, t: Thresholds) -> list[Check]:
+    """One GPU's fabric, the processes holding it, its persistence and MIG modes (``hgx.py``)."""
+    return [hgx.fabric(gpu.fabric),
+            hgx.processes(gpu.processes, facts.process_owners, t.processes_allowed, Level(t.foreign_processes)),
+            hgx.persistence(gpu.persistence_mode), hgx.mig(gpu.mig_mode, gpu.mig_pending, t.mig_expected)]
 
 
 def evaluate(facts: GpuFacts, t: Thresholds, host: str) -> HostHealth:
@@ -320,6 +338,7 @@ def evaluate(facts: GpuFacts, t: Thresholds, host: str) -> HostHealth:
         checks.append(nvlink(facts.nvlink.get(gpu.index, []), facts.nvlink_error, t))
         mine = [e for e in events if pci_key(e.pci) is not None and by_pci.get(pci_key(e.pci)) == gpu.index]
         checks.append(xid(mine, log.error if log else None, t))
+        checks.extend(serving_checks(gpu, facts, t))
         report.gpus.append(GpuHealth(gpu.index, gpu.name, gpu.uuid, gpu.pci_bus_id, checks))
     if unmatched:  # an Xid naming no GPU nvidia-smi lists (one that fell off the bus, say)
         report.gpus[0].checks.append(xid(unmatched, None, t))

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetctl.gpu.logs import KernelLog, NvLink, parse_kernel_log, parse_nvlink
+from fleetctl.gpu.topo import TopoMatrix, parse_topo
+from fleetctl.gpu.xml_sections import Fabric, GpuProcess, ProcessOwners, parse_fabric, parse_owners, parse_processes
 
 # What nvidia-smi prints when a field has no value on this GPU or driver.
 _MISSING = {
@@ -82,6 +84,9 @@ class GpuInfo:
     inforom_version: str | None = None  # the InfoROM image: the board's firmware
     gsp_firmware_version: str | None = None
     readings: GpuReadings = field(default_factory=GpuReadings)
+    mig_pending: str | None = None  # the MIG mode after the next GPU reset
+    fabric: Fabric = field(default_factory=Fabric)
+    processes: list[GpuProcess] = field(default_factory=list)
 
     @property
     def sglang_name(self) -> str:
@@ -100,6 +105,9 @@ class GpuFacts:
     nvlink: dict[int, list[NvLink]] = field(default_factory=dict)  # GPU index -> links; {} without NVLink
     nvlink_error: str | None = None
     kernel_log: KernelLog | None = None  # None when it was not read (no nvidia-smi, or not asked)
+    topology: TopoMatrix | None = None  # ``topo -m``, run only where there are 2 GPUs or more
+    topology_error: str | None = None
+    process_owners: ProcessOwners | None = None  # whose the GPU processes are; None when not asked
 
     @property
     def count(self) -> int:
@@ -246,6 +254,7 @@ def parse_gpu(index: int, gpu: ET.Element, driver: str | None) -> GpuInfo:
         serial=_text(gpu, "serial"), vbios_version=_text(gpu, "vbios_version"),
         inforom_version=_text(gpu, "inforom_version/img_version"),
         gsp_firmware_version=_text(gpu, "gsp_firmware_version"), readings=_readings(gpu),
+        mig_pending=_text(gpu, "mig_mode/pending_mig"), fabric=parse_fabric(gpu), processes=parse_processes(gpu),
     )
 
 
@@ -297,7 +306,23 @@ def parse_gpu_facts(raw: dict[str, Any] | None) -> GpuFacts:
     if not facts.gpus:
         facts.error = "nvidia-smi listed no GPUs"
     facts.nvlink, facts.nvlink_error = parse_nvlink(raw.get("nvlink_status"), raw.get("nvlink_errors"))
+    facts.topology, facts.topology_error = _topology(raw.get("topo"))
+    if "processes" in raw:
+        facts.process_owners = parse_owners(raw.get("processes"))
     return facts
+
+
+def _topology(result: dict[str, Any] | None) -> tuple[TopoMatrix | None, str | None]:
+    """The host's ``topo -m`` capture (absent with one GPU) -> (matrix, why none)."""
+    if result is None:
+        return None, None
+    if result.get("rc") != 0:
+        failed = command_failure(result) or "failed"
+        return None, "nvidia-smi topo -m " + failed.removeprefix("nvidia-smi ")
+    try:
+        return parse_topo(str(result.get("stdout") or "")), None
+    except ValueError as exc:
+        return None, str(exc)
 
 
 def describe_gpus(facts: GpuFacts) -> str:

@@ -102,6 +102,15 @@ HOST_VARS: tuple[HostVar, ...] = (
     HostVar("gpu_xid_since", "Unix time or ISO date", "unset: this boot", "Older Xids are not new (after a "
             "reset, say).", GPU),
     HostVar("gpu_xid_ignore", "list of integers", "`[]`", "Xid numbers never counted.", GPU),
+    HostVar("gpu_nvlink_expected", "boolean", "from the GPU model (HGX/DGX SXM boards: true)", "Every GPU pair "
+            "must be joined by NVLink in `topo -m` (`topology` red otherwise).", GPU),
+    HostVar("gpu_nvlink_per_pair", "integer", "the host's most common count", "NVLinks each GPU pair must have "
+            "(`NV18` on HGX H100/H200).", GPU),
+    HostVar("gpu_processes_allowed", "list of globs", "`[]`", "Process names that may hold a GPU besides the "
+            "release's server (`dcgm*`, `sglang::*`).", GPU),
+    HostVar("gpu_foreign_processes", "`amber` or `red`", "`amber`", "The level of a GPU held by another "
+            "process.", GPU),
+    HostVar("gpu_mig_expected", "boolean", "false", "MIG mode every GPU must be in (`mig` red otherwise).", GPU),
     HostVar("nvidia_smi", "path", "`nvidia-smi` on PATH", "The nvidia-smi binary (facts, drift, kernels, GPU "
             "health).", GPU),
     HostVar("venv", "path", "unset", "The host's ML venv: what drift, probes, facts and report read by default.",

@@ -10,7 +10,9 @@ params (all optional):
   disk_paths:   paths whose filesystem free/total bytes are reported (default /, /opt, /var/lib)
   venv:         a venv folder; its bin/python is checked (exists? dangling link?) and pyvenv.cfg read
   nvidia_smi:   path of the nvidia-smi binary to use instead of searching (tests, odd installs)
-  gpu_health:   also NVLink and the kernel log's Xid lines (default true; with gpu_only, default false)
+  gpu_health:   also NVLink, ``topo -m`` (2 GPUs or more), the GPU processes' owners and the kernel log's
+                Xid lines (default true; with gpu_only, default false)
+  service_dir:  the service's pidfiles (fleetctl_state_dir/service): a GPU process under one is the server's
 """
 
 import os
@@ -40,7 +42,8 @@ VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 def main(params):
     params = params or {}
     if params.get("gpu_only"):  # drift needs the GPU stack alone: skip the slower discovery
-        return {"schema": 2, "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), bool(params.get("gpu_health")))}
+        return {"schema": 2, "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), bool(params.get("gpu_health")),
+                                                      params.get("service_dir"))}
     import platform
     import socket
 
@@ -60,7 +63,7 @@ def main(params):
             "full_version": sys.version,
         },
         "pythons": find_pythons(),
-        "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), params.get("gpu_health", True)),
+        "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), params.get("gpu_health", True), params.get("service_dir")),
     }
     if params.get("venv"):
         answer["venv"] = venv_check(params["venv"])
@@ -191,9 +194,9 @@ def find_nvidia_smi(override=None):
     return None
 
 
-def nvidia_smi(override=None, health=True):
-    """Raw ``nvidia-smi -q -x`` (and, with ``health``, NVLink state and counters and the kernel
-    log's Xid lines); None when nvidia-smi is absent."""
+def nvidia_smi(override=None, health=True, service_dir=None):
+    """Raw ``nvidia-smi -q -x`` (and, with ``health``, NVLink state and counters, ``topo -m``, the GPU
+    processes' owners and the kernel log's Xid lines); None when nvidia-smi is absent."""
     path = find_nvidia_smi(override)
     if path is None:
         return None
@@ -206,8 +209,47 @@ def nvidia_smi(override=None, health=True):
         answer["nvlink_status"] = status
         if status["rc"] == 0 and "Link " in status["stdout"]:  # only where NVLink exists
             answer["nvlink_errors"] = run_capture([path, "nvlink", "-e"])
+        if xml["stdout"].count("<gpu ") > 1:  # pairs to connect
+            answer["topo"] = run_capture([path, "topo", "-m"])
+        answer["processes"] = process_owners(xml["stdout"], service_dir)
     answer["kernel_log"] = kernel_log()
     return answer
+
+
+def process_owners(xml_text, service_dir):
+    """The live pids of the service's pidfiles, and for each GPU process its ancestors and systemd
+    unit (from /proc): the controller tells the release's server from other processes with them."""
+    import re
+    service_pids = []
+    for name in sorted(os.listdir(service_dir)) if service_dir and os.path.isdir(service_dir) else []:
+        pid = read_proc(os.path.join(service_dir, name)).split("\n")[0].strip() if name.endswith(".pid") else ""
+        if pid.isdigit() and os.path.exists("/proc/" + pid):
+            service_pids.append(int(pid))
+    pids = {}
+    for pid in sorted(set(re.findall(r"<pid>\s*(\d+)\s*</pid>", xml_text)), key=int)[:256]:
+        unit = re.search(r"/([^/\s]+\.service)(?:/|\s|$)", read_proc("/proc/%s/cgroup" % pid))
+        pids[pid] = {"found": os.path.exists("/proc/" + pid), "ancestors": ancestors(int(pid)),
+                     "unit": unit.group(1) if unit else None}
+    return {"service_pids": service_pids, "pids": pids}
+
+
+def ancestors(pid, limit=64):
+    chain = []
+    while pid > 1 and len(chain) < limit:
+        stat = read_proc("/proc/%d/stat" % pid)
+        fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+        if pid > 0:
+            chain.append(pid)
+    return chain
+
+
+def read_proc(path):
+    try:
+        with open(path) as f:
+            return f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def kernel_log():
