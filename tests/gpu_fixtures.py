@@ -108,3 +108,66 @@ def lab2_remapping_pending(lab: Any, scratch: Path) -> Iterator[Any]:
     finally:
         for host in lab.hosts:
             remove_fake_smi(lab, host)
+
+
+# --- the synthetic 8x H200 HGX (fixtures/nvidia-smi/synthetic-hgx-h200-8x/, made by its make_fixtures.py) ---
+HGX = SMI / "synthetic-hgx-h200-8x"
+HGX_XML = (HGX / "nvidia-smi-q-x.xml").read_text()
+HGX_SERVER_PID = 4242  # each GPU's scheduler (pid 4300 + index) is its child
+# name -> (GPU index, parent element, [(element, captured, derived)], the rule it trips, level)
+HGX_FAULTS: dict[str, tuple[int, str, list[tuple[str, str, str]], str, str]] = {
+    "fabric-in-progress": (6, "fabric", [("state", "Completed", "In Progress"), ("status", "Success", "N/A"),
+                                         ("cliqueId", "0", "N/A")], "fabric", "red"),
+    "fabric-insufficient-resources": (2, "fabric", [("status", "Success", "Insufficient Resources")], "fabric",
+                                      "red"),
+    "fabric-unhealthy": (1, "health", [("summary", "Healthy", "Unhealthy")], "fabric", "red"),
+    "fabric-bandwidth-degraded": (1, "health", [("bandwidth", "Full", "Degraded")], "fabric", "amber"),
+    "persistence-off": (4, "gpu", [("persistence_mode", "Enabled", "Disabled")], "persistence", "amber"),
+    "mig-enabled": (0, "mig_mode", [("current_mig", "Disabled", "Enabled"), ("pending_mig", "Disabled", "Enabled")],
+                    "mig", "red"),
+    "mig-pending": (7, "mig_mode", [("pending_mig", "Disabled", "Enabled")], "mig", "amber"),
+}
+
+
+def _gpu_span(xml: str, index: int) -> tuple[int, int]:
+    starts = [m.start() for m in re.finditer(r"<gpu id=", xml)]
+    return starts[index], xml.index("</gpu>", starts[index])
+
+
+def hgx_derive(name: str, xml: str = HGX_XML) -> str:
+    """The 8-GPU document with fault ``name``'s values changed in that one GPU."""
+    index, parent, changes, _, _ = HGX_FAULTS[name]
+    gpu_start, gpu_end = _gpu_span(xml, index)
+    start = gpu_start if parent == "gpu" else xml.index(f"<{parent}>", gpu_start)
+    end = gpu_end if parent == "gpu" else xml.index(f"</{parent}>", start)
+    block = xml[start:end]
+    for tag, old, new in changes:
+        block, n = re.subn(rf"<{tag}>{re.escape(old)}</{tag}>", f"<{tag}>{new}</{tag}>", block, count=1)
+        assert n == 1, f"{name}: <{tag}>{old}</{tag}> not found in GPU {index}'s <{parent}>"
+    return xml[:start] + block + xml[end:]
+
+
+def hgx_with_process(index: int, pid: int, name: str, mib: int, xml: str = HGX_XML) -> str:
+    """GPU ``index`` also held by ``pid`` (a ``<process_info>`` in the driver's layout)."""
+    gpu_start, _ = _gpu_span(xml, index)
+    at = xml.index("\t\t</processes>", gpu_start)
+    info = (f"\t\t\t<process_info>\n\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>\n\t\t\t\t<compute_instance_id>N/A"
+            f"</compute_instance_id>\n\t\t\t\t<pid>{pid}</pid>\n\t\t\t\t<type>C</type>\n\t\t\t\t<process_name>{name}"
+            f"</process_name>\n\t\t\t\t<used_memory>{mib} MiB</used_memory>\n\t\t\t</process_info>\n")
+    return xml[:at] + info + xml[at:]
+
+
+def hgx_owners(**extra: dict[str, Any]) -> dict[str, Any]:
+    """The host's ``processes`` answer for the 8 schedulers (children of the server's pid), plus ``extra``."""
+    pids: dict[str, Any] = {str(4300 + i): {"found": True, "ancestors": [HGX_SERVER_PID, 1], "unit": None}
+                            for i in range(8)}
+    return {"service_pids": [HGX_SERVER_PID], "pids": {**pids, **extra}}
+
+
+def raw_hgx(xml: str = HGX_XML, topo: str | None = "topo-m.txt", **extra_owners: dict[str, Any]) -> dict[str, Any]:
+    """A facts ``nvidia_smi`` answer of the 8x H200 host: XML, ``topo -m`` and the processes' owners."""
+    raw = raw_smi(xml)
+    if topo is not None:
+        raw["topo"] = ok((HGX / topo).read_text())
+    raw["processes"] = hgx_owners(**extra_owners)
+    return raw
