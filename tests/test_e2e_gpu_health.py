@@ -50,10 +50,12 @@ def test_json_fields_over_ssh(gpu_lab: LabHandle, capsys: pytest.CaptureFixture[
     lab2 = doc["hosts"]["lab2"]["value"]
     assert (lab2["host"], lab2["level"]) == ("lab2", "red")
     [host, gpu] = lab2["gpus"]
-    assert [c["rule"] for c in host["checks"]] == ["gpu_count", "gpu_model"]
+    assert [c["rule"] for c in host["checks"]] == ["gpu_count", "gpu_model", "topology"]
     assert (gpu["index"], gpu["name"], gpu["pci_bus_id"], gpu["level"]) == (0, "NVIDIA H200", "00000000:00:06.0",
                                                                             "red")
     assert [(c["rule"], c["level"]) for c in gpu["checks"] if c["level"] != "green"] == [("row_remapping", "red")]
+    processes = next(c for c in gpu["checks"] if c["rule"] == "processes")  # the host's answer over SSH
+    assert (processes["level"], processes["value"]) == ("green", "no process")
     xid = next(c for c in gpu["checks"] if c["rule"] == "xid")
     assert xid["level"] in ("green", "amber")  # the lab hosts share this machine's kernel log
     facts = run_cli(capsys, "-i", str(gpu_lab.inventory_path), *VARS, "-l", "lab2", "facts", "--json").json()
