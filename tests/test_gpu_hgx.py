@@ -16,6 +16,7 @@ import pytest
 from gpu_fixtures import H200, HGX, HGX_FAULTS, HGX_XML, SMI, fake_nvidia_smi, hgx_derive, ok, raw_hgx, raw_smi
 
 from fleetctl.errors import InputError
+from fleetctl.gpu import hgx
 from fleetctl.gpu.health import HostHealth, Level, Thresholds, evaluate
 from fleetctl.gpu.smi import parse_gpu_facts
 from fleetctl.gpu.topo import parse_topo
@@ -187,3 +188,14 @@ def test_host_side_topo_only_with_two_gpus_and_process_ancestry(tmp_path: Path) 
     assert parsed.topology is not None and parsed.topology.link(0, 7) == "NV18"
     assert parsed.process_owners is not None and parsed.process_owners.of_release(child.pid) == (
         f"child of {os.getpid()}")
+
+
+@pytest.mark.parametrize(("name", "board"), [
+    ("NVIDIA H100 80GB HBM3", True), ("NVIDIA H200", True), ("NVIDIA B200", True), ("NVIDIA H20", True),
+    ("NVIDIA A100-SXM4-80GB", True), ("NVIDIA H100 PCIe", False), ("NVIDIA H100 NVL", False),
+    ("NVIDIA H200 NVL", False), ("NVIDIA H800 PCIe", False), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", False),
+    ("NVIDIA L40S", False),
+])
+def test_nvlink_expected_from_the_model_names_nvidia_smi_prints(name: str, board: bool) -> None:
+    assert hgx.nvlink_expected([name] * 8, None)[0] is board
+    assert hgx.nvlink_expected([name], not board) == (not board, f"gpu_nvlink_expected: {str(not board).lower()}")
