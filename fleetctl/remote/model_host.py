@@ -12,6 +12,8 @@
 # when last hashed is hashed again (a same-size bit flip changes mtime and ctime); full = every byte.
 # The verified-hash store: <cache_dir>/models/verified-<sha256(base)[:16]>.json, private to this user,
 # {"schema", "base", "files": {real path: [size, mtime_ns, ino, ctime_ns, sha256, unix time hashed]}}.
+# Progress: asked for (the agent's AGENT_PROGRESS), the bytes hashed so far and the bytes the tier will
+# hash on this host, {"bytes", "total"}, go to the controller at the start, every PROGRESS_S, and at the end.
 import glob
 import hashlib
 import json
@@ -21,6 +23,7 @@ import time
 
 STORE_SCHEMA = "fleetctl-model-hashes/1"
 SEVERITY = {"missing": 4, "corrupt": 3, "incomplete": 2, "revision": 2, "unverified": 1}
+PROGRESS_S = 0.25  # the controller redraws at most four times a second
 
 
 def model_base(m):
@@ -60,8 +63,8 @@ class HashStore(object):
             return entry[4], entry[5]
         return None
 
-    def hash(self, real, st):
-        value, when = sha256_file(real), time.time()
+    def hash(self, real, st, progress=None):
+        value, when = sha256_file(real, progress), time.time()
         after = os.stat(real)  # changed while read: the hash proves nothing about the file as it is
         if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             self.files[real] = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, value, when]
@@ -123,7 +126,39 @@ def present_files(m, base, manifest, problems):
     return found
 
 
-def hash_files(manifest, found, store, tier, problems):
+class Hashing(object):
+    """The bytes hashed so far on this host, told to the controller while it asked (AGENT_PROGRESS)."""
+
+    def __init__(self, total):
+        self.tell = globals().get("AGENT_PROGRESS") if total else None
+        self.total, self.done, self.last = total, 0, 0.0
+        self.report(force=True)
+
+    def add(self, n):
+        self.done += n
+        self.report()
+
+    def report(self, force=False):
+        now = time.monotonic()
+        if self.tell is not None and (force or now - self.last >= PROGRESS_S):
+            self.last = now
+            self.tell({"bytes": self.done, "total": self.total})
+
+
+def must_hash(tier, known):
+    return tier == "full" or (tier == "deploy" and known is None)
+
+
+def bytes_to_hash(job, tier):
+    """What hash_files will read of this model at ``tier``."""
+    if job is None:
+        return 0
+    manifest, found, store = job
+    return sum(found[e["path"]][1].st_size for e in manifest["files"] if e["path"] in found
+               and must_hash(tier, store.known(*found[e["path"]])))
+
+
+def hash_files(manifest, found, store, tier, problems, hashing=None):
     """Compare sha256 with the manifest as ``tier`` asks. Returns (bytes hashed now, the time since which
     every file is known to match, or None when some file is not)."""
     hashed, times, unproven = 0, [], False
@@ -134,8 +169,8 @@ def hash_files(manifest, found, store, tier, problems):
             continue
         real, st = found[rel]
         known = store.known(real, st)
-        if tier == "full" or (tier == "deploy" and known is None):
-            value, when = store.hash(real, st)
+        if must_hash(tier, known):
+            value, when = store.hash(real, st, hashing.add if hashing else None)
             hashed += st.st_size
         elif known is not None:
             value, when = known
@@ -157,13 +192,23 @@ def free_bytes(path):
         return None
 
 
-def verify_model(m, tier, cache_dir):
+def verify_models(models, tier, cache_dir):
+    """Every model checked first, then hashed, so the progress frames know the host's total."""
+    checked = [inspect_model(m, cache_dir) for m in models]
+    hashing = Hashing(sum(bytes_to_hash(job, tier) for _, _, job in checked))
+    answers = [finish_model(out, problems, job, tier, hashing) for out, problems, job in checked]
+    hashing.report(force=True)
+    return answers
+
+
+def inspect_model(m, cache_dir):
+    """(answer so far, problems, what is left to hash: (manifest, found, store) or None)."""
     base = model_base(m)
     out = {"key": m.get("key"), "layout": m["layout"], "path": base, "present": os.path.isdir(base),
            "manifest": False, "name": None, "revision": m.get("revision"), "bytes": None, "files": 0,
            "verified_at": None, "hashed_bytes": 0, "problems": [], "state": "ok"}
     out["free_bytes"] = free_bytes(base if out["present"] else os.path.dirname(base.rstrip("/")) or "/")
-    problems = []
+    problems, job = [], None
     if not out["present"]:
         problems.append(("", "missing", "not on this host (%s)" % base))
     else:
@@ -183,9 +228,15 @@ def verify_model(m, tier, cache_dir):
         if manifest is None:
             out["bytes"], out["files"] = sum(sizes.values()), len(sizes)
         else:
-            store = HashStore(cache_dir, os.path.realpath(base))
-            out["hashed_bytes"], out["verified_at"] = hash_files(manifest, found, store, tier, problems)
-            store.save()
+            job = (manifest, found, HashStore(cache_dir, os.path.realpath(base)))
+    return out, problems, job
+
+
+def finish_model(out, problems, job, tier, hashing):
+    if job is not None:
+        manifest, found, store = job
+        out["hashed_bytes"], out["verified_at"] = hash_files(manifest, found, store, tier, problems, hashing)
+        store.save()
     out["problems"] = [{"file": f, "kind": k, "what": w} for f, k, w in problems]
     if problems:
         out["state"] = max((p[1] for p in problems), key=lambda k: SEVERITY[k])
@@ -270,9 +321,8 @@ def current_models(root):
 def main(params):
     if params.get("op") == "current":  # what the serving release needs, checked quickly (status, drift, report)
         models = current_models(params["root"])
-        return {"models": [verify_model(m, "quick", params.get("cache_dir")) for m in models],
-                "refs": models}
+        return {"models": verify_models(models, "quick", params.get("cache_dir")), "refs": models}
     if params.get("op") == "remove":
         return {"models": [remove_model(m, params["root"]) for m in params["models"]]}
     tier = params.get("tier") or "quick"
-    return {"models": [verify_model(m, tier, params.get("cache_dir")) for m in params["models"]]}
+    return {"models": verify_models(params["models"], tier, params.get("cache_dir"))}
