@@ -71,7 +71,7 @@ def remove(app: AppContext, target: str) -> int:
     if app.json:
         render.emit_json(render.results_json(results, lambda v: v))
     else:
-        rows = [[name, m["path"], "removed" if m["removed"] else "not there", core.size_text(m["freed_bytes"])]
+        rows = [[name, m["path"], core.removal_text(m), core.size_text(m["freed_bytes"])]
                 for name, res in results.items() for m in (res.value or [])]
         render.console().print(render.table(None, ["host", "model", "action", "freed"], rows))
         render.print_failures(results)

@@ -116,6 +116,13 @@ def remove_on_host(session: HostSession, refs: list[ModelRef]) -> list[dict[str,
         raise
 
 
+def removal_text(answer: dict[str, Any]) -> str:
+    """What ``remove_on_host`` did to one model, for the table."""
+    done = "removed" if answer["removed"] else "not there"
+    swept = answer.get("swept") or []
+    return done + (f"; {len(swept)} leftovers of an older fleetctl's sync removed from snapshots/" if swept else "")
+
+
 def _root(session: HostSession) -> str:
     """fleetctl_root as the releases see it (a template over host vars rendered, as release.service does)."""
     from fleetctl import templating

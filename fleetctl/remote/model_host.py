@@ -1,6 +1,7 @@
 # fleetctl-include: writable
 # fleetctl-include: model_manifest
 # fleetctl-include: model_check
+# fleetctl-include: model_old_staging
 # Models on one host: status, verification in tiers, removal. Stdlib only, Python >= 3.8.
 #
 # params: {"op": "verify" | "remove", "models": [{"key", "layout": "folder"|"hf_cache", "path"? (folder),
@@ -267,16 +268,20 @@ def remove_model(m, root):
     for path, release in sorted(used.items()):
         if path == base or path.startswith(base + os.sep):
             raise ValueError("%s is used by kept release %s: not removed" % (path, release))
+    if m["layout"] == "hf_cache":  # with the snapshot, what an older fleetctl's killed sync left beside it
+        swept, swept_bytes = sweep_old_staging(os.path.join(m["cache"], hf_repo_folder(m["repo"])))
+        out = remove_snapshot(m, base) if os.path.isdir(base) else {
+            "key": m.get("key"), "path": base, "removed": False, "freed_bytes": 0}
+        out.update(swept=swept, freed_bytes=out["freed_bytes"] + swept_bytes)
+        return out
     if not os.path.isdir(base):
         return {"key": m.get("key"), "path": base, "removed": False, "freed_bytes": 0}
-    if m["layout"] == "folder":
-        if not (os.path.exists(model_manifest_path(m)) or os.path.exists(os.path.join(base, "config.json"))):
-            raise ValueError("%s holds no model (no manifest, no config.json): not removed" % base)
-        freed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(base) for f in fs
-                    if not os.path.islink(os.path.join(d, f)))
-        shutil.rmtree(base)
-        return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
-    return remove_snapshot(m, base)
+    if not (os.path.exists(model_manifest_path(m)) or os.path.exists(os.path.join(base, "config.json"))):
+        raise ValueError("%s holds no model (no manifest, no config.json): not removed" % base)
+    freed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(base) for f in fs
+                if not os.path.islink(os.path.join(d, f)))
+    shutil.rmtree(base)
+    return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
 
 
 def remove_snapshot(m, base):
@@ -296,7 +301,22 @@ def remove_snapshot(m, base):
         os.unlink(model_manifest_path(m))
     except OSError:
         pass
+    drop_refs_to(repo_dir, m["revision"])
     return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
+
+
+def drop_refs_to(repo_dir, revision):
+    """Refs (refs/main, ...) naming the removed revision go with it, as the Hub's own `hf cache rm` does:
+    a ref to a missing commit is a corrupted cache to huggingface_hub's scan."""
+    for folder, _, names in os.walk(os.path.join(repo_dir, "refs")):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "r", encoding="utf-8") as handle:
+                    if handle.read().strip() == revision:
+                        os.unlink(path)
+            except (IOError, OSError, ValueError):
+                continue
 
 
 def current_models(root):
