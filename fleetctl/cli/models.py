@@ -86,11 +86,14 @@ def _check(app: AppContext, target: str, tier: str) -> int:
     shown = HashProgress() if tier != "quick" and not app.json and render.console().is_terminal else None
 
     def check(ctx: HostContext) -> list[ModelState]:
+        answered = False
         try:
-            return core.check_host(ctx, refs, tier, progress=shown.seen(ctx.name) if shown else None)
+            states = core.check_host(ctx, refs, tier, progress=shown.seen(ctx.name) if shown else None)
+            answered = True
+            return states
         finally:
             if shown is not None:
-                shown.done(ctx.name)
+                shown.done(ctx.name, answered)
 
     try:
         with app.fleet(read_only=tier == "quick") as fleet:
@@ -153,9 +156,9 @@ class HashProgress:
                 self.tally.apply({"host": host, "ev": "progress", "bytes": hashed})
         return frame
 
-    def done(self, host: str) -> None:
+    def done(self, host: str, answered: bool) -> None:
         with self.tally.lock:
-            self.tally.apply({"host": host, "ev": "done", "ok": True})
+            self.tally.apply({"host": host, "ev": "done", "ok": answered})
 
     def stop(self) -> None:
         self.display.stop()
