@@ -265,3 +265,31 @@ def test_a_hugging_face_model_from_a_cache_on_the_controller(lab3: LabHandle, ca
         snapshot = host_path(lab, host, f"{HUB}/models--{REPO.replace('/', '--')}/snapshots/{made.revision}")
         assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == {
             p.name: p.read_bytes() for p in made.path.iterdir()}, host
+
+
+def test_a_sync_takes_away_the_staging_an_older_fleetctls_killed_sync_left_in_snapshots(
+        lab3: LabHandle, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # An older fleetctl staged a snapshot in snapshots/.<revision>.fleetctl-partial (lock beside it); killed,
+    # it left both, which huggingface_hub's scan lists as a revision / a corrupted repo. Planted on lab2 for
+    # the revision being synced and on lab3 for another one; after this sync the Hub's scan sees the revision.
+    from huggingface_hub import scan_cache_dir
+
+    lab = lab3
+    for host in TARGETS:
+        lab.ssh(host, f"rm -rf {HUB}")
+    made = make_hf_cache_model(tmp_path / "cache", repo=REPO, seed="old-staging")
+    repo_dir = f"{HUB}/models--{REPO.replace('/', '--')}"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for host, revision in (("lab2", made.revision), ("lab3", "c" * 40)):
+        staging = host_path(lab, host, f"{repo_dir}/snapshots/.{revision}.fleetctl-partial")
+        (staging / ".fleetctl-tmp").mkdir(parents=True)
+        (staging / ("e" * 64)).write_bytes(b"half a model")
+        Path(f"{staging}.lock").write_text(json.dumps({"pid": gone.pid, "pid_start": "1", "since": 0}))
+    spec = hf_spec(tmp_path, made)
+    r = cli(capsys, lab, "-l", ",".join(TARGETS), "models", "sync", str(spec), "--from", str(made.root), "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    for host in TARGETS:
+        scan = scan_cache_dir(host_path(lab, host, HUB))
+        assert scan.warnings == [], (host, scan.warnings)
+        assert [r.commit_hash for repo in scan.repos for r in repo.revisions] == [made.revision], host

@@ -230,3 +230,29 @@ def test_a_hf_snapshot_is_staged_outside_snapshots_where_the_hubs_own_tools_woul
         assert Path(path).is_relative_to(repo / ".fleetctl"), path
     folder = str(tmp_path / "models" / "qwen")  # a plain folder keeps its staging beside it
     assert files.staging_of(folder) == str(tmp_path / "models" / ".qwen.fleetctl-partial")
+
+
+def test_the_hash_tiers_send_progress_frames_through_the_agent_and_the_answer_is_the_same(tmp_path: Path) -> None:
+    # A real agent on this machine: the frames come before the answer, bytes hashed growing to the total
+    # the tier reads; asked or not, the same answer; the agent's framing intact for the next request.
+    from fleetctl.transport.agent import AgentClient
+    from fleetctl.transport.local import LocalConnector
+
+    model = folder_with_manifest(tmp_path, shards=3, tensor_kib=4096)  # 12 MiB per shard: several chunks
+    request = {"op": "verify", "tier": "full", "cache_dir": str(tmp_path / "cache"), "models": [params(model)]}
+    agent = AgentClient("local", LocalConnector("local"), ["/usr/bin/python3"])
+    try:
+        frames: list[dict[str, Any]] = []
+        shown = agent.call("model_host", request, progress=frames.append)["models"][0]
+        plain = agent.call("model_host", request)["models"][0]
+        deploy: list[dict[str, Any]] = []
+        agent.call("model_host", {**request, "tier": "deploy"}, progress=deploy.append)  # nothing changed
+        assert agent.call("selftest", {"action": "echo", "data": 1})["echo"] == 1
+    finally:
+        agent.close()
+    total = shown["bytes"]
+    assert frames[0] == {"bytes": 0, "total": total} and frames[-1] == {"bytes": total, "total": total}
+    counts = [f["bytes"] for f in frames]
+    assert counts == sorted(counts) and {f["total"] for f in frames} == {total}
+    assert (shown["state"], shown["hashed_bytes"], shown["problems"]) == (plain["state"], total, plain["problems"])
+    assert plain["hashed_bytes"] == total and deploy == []  # the deploy tier had nothing to hash: no frames

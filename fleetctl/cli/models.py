@@ -18,8 +18,11 @@ from fleetctl.errors import ExitCode
 from fleetctl.transport.base import HostResult
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleetctl.models.spec import ModelRef
     from fleetctl.models.status import ModelState
+    from fleetctl.transport.fleet import HostContext
 
 TARGET_HELP = "TARGET: a release spec (every model its models: names) or a model folder's absolute path on the hosts."
 
@@ -68,7 +71,7 @@ def remove(app: AppContext, target: str) -> int:
     if app.json:
         render.emit_json(render.results_json(results, lambda v: v))
     else:
-        rows = [[name, m["path"], "removed" if m["removed"] else "not there", core.size_text(m["freed_bytes"])]
+        rows = [[name, m["path"], core.removal_text(m), core.size_text(m["freed_bytes"])]
                 for name, res in results.items() for m in (res.value or [])]
         render.console().print(render.table(None, ["host", "model", "action", "freed"], rows))
         render.print_failures(results)
@@ -79,8 +82,25 @@ def _check(app: AppContext, target: str, tier: str) -> int:
     from fleetctl.models import status as core
 
     refs, release_id = model_targets(target)
-    with app.fleet(read_only=tier == "quick") as fleet:
-        results = fleet.map(lambda ctx: core.check_host(ctx, refs, tier))
+    # Progress while the hosts hash (deploy and full tiers): on a terminal only, never into --json.
+    shown = HashProgress() if tier != "quick" and not app.json and render.console().is_terminal else None
+
+    def check(ctx: HostContext) -> list[ModelState]:
+        answered = False
+        try:
+            states = core.check_host(ctx, refs, tier, progress=shown.seen(ctx.name) if shown else None)
+            answered = True
+            return states
+        finally:
+            if shown is not None:
+                shown.done(ctx.name, answered)
+
+    try:
+        with app.fleet(read_only=tier == "quick") as fleet:
+            results = fleet.map(check)
+    finally:
+        if shown is not None:
+            shown.stop()
     if app.json:
         doc = render.results_json(results, lambda states: [s.to_dict() for s in states])
         render.emit_json({"target": target, "release_id": release_id or None, "tier": tier,
@@ -114,6 +134,34 @@ def _print(results: dict[str, HostResult[list[ModelState]]], refs: list[ModelRef
                 err.print(Text(f"{name}: model {s.role}: {where}: {p.what}"), soft_wrap=True)
     render.print_failures(results)
     out.print(Text(render.summary_line(results)))
+
+
+class HashProgress:
+    """``models verify``'s bytes hashed per host, drawn by ``models sync``'s progress display from the same
+    tally (bytes, rate, ETA per host); a host appears with its first progress frame (one that hashes)."""
+
+    def __init__(self) -> None:
+        from fleetctl.cli.models_sync import Progress
+        from fleetctl.models.links import Tally
+
+        self.display = Progress("hashed")
+        self.tally = Tally({}, on_change=self.display.update)
+
+    def seen(self, host: str) -> Callable[[int, int], None]:
+        from fleetctl.models.links import HostTally
+
+        def frame(hashed: int, total: int) -> None:
+            with self.tally.lock:
+                self.tally.hosts.setdefault(host, HostTally()).need_bytes = total
+                self.tally.apply({"host": host, "ev": "progress", "bytes": hashed})
+        return frame
+
+    def done(self, host: str, answered: bool) -> None:
+        with self.tally.lock:
+            self.tally.apply({"host": host, "ev": "done", "ok": answered})
+
+    def stop(self) -> None:
+        self.display.stop()
 
 
 def _short(revision: str | None) -> str:

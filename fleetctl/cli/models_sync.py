@@ -90,14 +90,16 @@ def sync(app: AppContext, target: str, source: str, limit_rate: str | None, stal
 
 
 class Progress:
-    """Bytes, rate and ETA per host on a terminal, redrawn at most four times a second."""
+    """Bytes, rate and ETA per host on a terminal, redrawn at most four times a second (``models sync``'s
+    bytes landed; ``models verify``'s bytes hashed, ``column`` "hashed")."""
 
-    def __init__(self) -> None:
+    def __init__(self, column: str = "landed") -> None:
         from rich.live import Live
 
         self.live = Live(console=render.console(), refresh_per_second=4, transient=True)
         self.live.start()
         self.last = 0.0
+        self.column = column
 
     def update(self, tally: Tally) -> None:
         now = time.monotonic()
@@ -110,7 +112,7 @@ class Progress:
             state = "done" if t.ok else ("failed" if t.done else ("cut" if t.cuts else "..."))
             rows.append([host, f"{t.written / 1e6:,.1f} / {t.need_bytes / 1e6:,.1f} MB", f"{t.rate() / 1e6:,.1f} MB/s",
                          f"{eta:,.0f}s" if eta is not None else "", state])
-        self.live.update(render.table(None, ["host", "landed", "rate", "eta", "state"], rows))
+        self.live.update(render.table(None, ["host", self.column, "rate", "eta", "state"], rows))
 
     def stop(self) -> None:
         self.live.stop()

@@ -135,7 +135,7 @@ def check_targets(targets: Fleet, req: SyncRequest, plan: chain.SyncPlan) -> dic
     SIGKILLed run: its nodes can outlive it a moment) is stale: its token joins ``plan.stale_syncs`` and
     the host is asked again, so this sync takes that lock over."""
     params = {"action": "check", "dest": req.path, "files": plan.files, "manifest_name": MANIFEST_NAME,
-              "layout": req.layout, "links": plan.links}
+              "layout": req.layout, "links": plan.links, "holder": plan.holder}  # holder: a check may lock
     from fleetctl.liveness import holder_alive
 
     found = targets.map(lambda ctx: ctx.call("model_files", params))

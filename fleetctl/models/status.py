@@ -7,6 +7,7 @@ and reads its answers into ``ModelState`` (pure, apart from ``check_host`` / ``r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,11 +77,17 @@ def read_answer(ref: ModelRef, answer: dict[str, Any]) -> ModelState:
 
 
 def check_host(session: HostSession, refs: list[ModelRef], tier: str = "quick",
-               timeout: float | None = None) -> list[ModelState]:
-    """Verify ``refs`` on one host at ``tier`` (quick | deploy | full)."""
+               timeout: float | None = None, progress: Callable[[int, int], None] | None = None) -> list[ModelState]:
+    """Verify ``refs`` on one host at ``tier`` (quick | deploy | full); ``progress(hashed, total)``, if
+    given, is told of the host's bytes hashed so far while it hashes (a few times a second)."""
     params = {"op": "verify", "tier": tier, "cache_dir": hostpaths.cache_dir(session.vars),
               "models": [r.host_params() for r in refs]}
-    answer = session.call(MODULE, params, timeout=timeout or (None if tier == "quick" else HASH_TIMEOUT))
+    frames = None
+    if progress is not None:
+        def frames(doc: dict[str, Any]) -> None:
+            progress(int(doc.get("bytes") or 0), int(doc.get("total") or 0))
+    answer = session.call(MODULE, params, timeout=timeout or (None if tier == "quick" else HASH_TIMEOUT),
+                          progress=frames)
     return [read_answer(ref, got) for ref, got in zip(refs, answer["models"], strict=True)]
 
 
@@ -107,6 +114,13 @@ def remove_on_host(session: HostSession, refs: list[ModelRef]) -> list[dict[str,
         if exc.etype == "ValueError":
             raise HostError(session.name, exc.remote_message) from None
         raise
+
+
+def removal_text(answer: dict[str, Any]) -> str:
+    """What ``remove_on_host`` did to one model, for the table."""
+    done = "removed" if answer["removed"] else "not there"
+    swept = answer.get("swept") or []
+    return done + (f"; {len(swept)} leftovers of an older fleetctl's sync removed from snapshots/" if swept else "")
 
 
 def _root(session: HostSession) -> str:

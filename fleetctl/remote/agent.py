@@ -5,7 +5,9 @@
 # message is unasked: {"id": 0, "ok": true, "result": <what "ping" answers>}, so a fresh agent
 # needs no round trip before its first real request.
 # Requests: {"id", "op": "call"|"ping"|"exit", "module", "hash", "source"?, "params", "python"?, "timeout"?,
-#            "fresh"?} -- "fresh": run the module in a new namespace (a new command on a kept agent)
+#            "fresh"?, "progress"?} -- "fresh": run the module in a new namespace (a new command on a kept
+#            agent); "progress": the module may send progress frames {"id", "progress": {...}} before its
+#            answer (it calls AGENT_PROGRESS(doc), None when not asked; in the agent only, not in a child)
 #           {"id", "op": "sequence", "steps": [{"module", "hash", "source"?, "params"}, ...]} -- calls in
 #            the agent, in order, to the first failure; answered with one answer per step that ran.
 #            The host finishes a sequence even when the controller goes away meanwhile.
@@ -185,7 +187,8 @@ def write_message(out, obj):
 
 
 class Agent(object):
-    def __init__(self):
+    def __init__(self, out=None):
+        self.out = out  # where progress frames go (the protocol's stdout)
         self.modules = {}  # hash -> [module name, source, namespace or None, code or None]
         # Values derived from a file, kept between the commands a kept agent serves; a module keys
         # each by the file's identity (path, size, mtime_ns, inode, ctime_ns), so a changed file
@@ -214,7 +217,18 @@ class Agent(object):
             ns = {"__name__": "fleetctl_remote_" + entry[0], "AGENT_MEMO": self.memo}
             exec(entry[3], ns)
             entry[2] = ns
-        return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}
+        entry[2]["AGENT_PROGRESS"] = self.progress_writer(req) if req.get("progress") else None
+        try:
+            return {"ok": True, "result": entry[2]["main"](req.get("params") or {})}
+        finally:
+            entry[2]["AGENT_PROGRESS"] = None
+
+    def progress_writer(self, req):
+        """A progress frame's sender for this request (its id: the controller knows whose it is)."""
+        out, rid = self.out, req.get("id")
+        if out is None:
+            return None
+        return lambda doc: write_message(out, {"id": rid, "progress": doc})
 
     def call_child(self, python, module, source, digest, params, timeout):
         if not os.path.exists(python):
@@ -281,7 +295,7 @@ def ping_info():
 
 
 def serve(inp, out):
-    agent = Agent()
+    agent = Agent(out)
     out.write(MAGIC)
     write_message(out, {"id": 0, "ok": True, "result": ping_info()})
     while True:

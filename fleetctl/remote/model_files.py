@@ -1,4 +1,5 @@
 # fleetctl-include: model_manifest
+# fleetctl-include: model_old_staging
 # The files of one model revision on a host, for `fleetctl models sync`.
 #
 # Stdlib only, Python >= 3.8. Agent entry point main(params):
@@ -108,16 +109,6 @@ def staged(dest, rel, size):
 # refuses the second sync, naming its holder; a node of the same sync (the relay round) takes it over.
 def lock_path(dest):
     return staging_of(dest) + ".lock"
-
-
-def pid_start(pid):
-    """Start time (clock ticks since boot) of a live process on this host, None when it is not running."""
-    try:
-        with open("/proc/%d/stat" % int(pid), "r") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (IOError, OSError, ValueError, IndexError):
-        return None
-    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
 def live_lock(dest):
@@ -294,6 +285,10 @@ def hf_check(params):
     busy = locked(dest, total, params.get("stale_syncs") or ())
     if busy is not None:
         return busy
+    try:
+        sweep_under_lock(dest, params)
+    except (IOError, OSError):
+        pass  # best effort: leftovers this user may not remove never fail the sync
     if os.path.lexists(dest):
         bad = [rel for rel, blob in links if not hf_linked(dest, rel, blob, sizes[blob])]
         if not bad:
@@ -305,6 +300,24 @@ def hf_check(params):
     need_bytes = sum(files[i][1] for i in need)
     return {"complete": False, "need": need, "need_bytes": need_bytes, "total_bytes": total,
             "free": free_bytes(blobs), "room_needed": need_bytes + MARGIN}
+
+
+def sweep_under_lock(dest, params):
+    """What an older fleetctl's killed syncs left in this repo's snapshots/ (model_old_staging), removed
+    while this host's sync lock of dest is ours (taken for it, or already held by this sync's node)."""
+    repo_dir = hf_dirs(dest)[0]
+    snapshots = os.path.join(repo_dir, "snapshots")
+    if not os.path.isdir(snapshots) or not any(old_staging_of(name) for name in os.listdir(snapshots)):
+        return []
+    held = live_lock(dest)
+    if held is not None and held.get("pid") == os.getpid():  # this sync's node, under its own lock
+        return sweep_old_staging(repo_dir)[0]
+    if take_lock(dest, params.get("holder") or {}, params.get("stale_syncs") or ()) is not None:
+        return []  # another sync holds it now: its own check or node sweeps
+    try:
+        return sweep_old_staging(repo_dir)[0]
+    finally:
+        release_lock(dest)
 
 
 def hf_publish(dest, files, links, manifest_text, landed=None):

@@ -1,6 +1,7 @@
 # fleetctl-include: writable
 # fleetctl-include: model_manifest
 # fleetctl-include: model_check
+# fleetctl-include: model_old_staging
 # Models on one host: status, verification in tiers, removal. Stdlib only, Python >= 3.8.
 #
 # params: {"op": "verify" | "remove", "models": [{"key", "layout": "folder"|"hf_cache", "path"? (folder),
@@ -12,6 +13,8 @@
 # when last hashed is hashed again (a same-size bit flip changes mtime and ctime); full = every byte.
 # The verified-hash store: <cache_dir>/models/verified-<sha256(base)[:16]>.json, private to this user,
 # {"schema", "base", "files": {real path: [size, mtime_ns, ino, ctime_ns, sha256, unix time hashed]}}.
+# Progress: asked for (the agent's AGENT_PROGRESS), the bytes hashed so far and the bytes the tier will
+# hash on this host, {"bytes", "total"}, go to the controller at the start, every PROGRESS_S, and at the end.
 import glob
 import hashlib
 import json
@@ -21,6 +24,7 @@ import time
 
 STORE_SCHEMA = "fleetctl-model-hashes/1"
 SEVERITY = {"missing": 4, "corrupt": 3, "incomplete": 2, "revision": 2, "unverified": 1}
+PROGRESS_S = 0.25  # the controller redraws at most four times a second
 
 
 def model_base(m):
@@ -60,8 +64,8 @@ class HashStore(object):
             return entry[4], entry[5]
         return None
 
-    def hash(self, real, st):
-        value, when = sha256_file(real), time.time()
+    def hash(self, real, st, progress=None):
+        value, when = sha256_file(real, progress), time.time()
         after = os.stat(real)  # changed while read: the hash proves nothing about the file as it is
         if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             self.files[real] = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, value, when]
@@ -123,7 +127,39 @@ def present_files(m, base, manifest, problems):
     return found
 
 
-def hash_files(manifest, found, store, tier, problems):
+class Hashing(object):
+    """The bytes hashed so far on this host, told to the controller while it asked (AGENT_PROGRESS)."""
+
+    def __init__(self, total):
+        self.tell = globals().get("AGENT_PROGRESS") if total else None
+        self.total, self.done, self.last = total, 0, 0.0
+        self.report(force=True)
+
+    def add(self, n):
+        self.done += n
+        self.report()
+
+    def report(self, force=False):
+        now = time.monotonic()
+        if self.tell is not None and (force or now - self.last >= PROGRESS_S):
+            self.last = now
+            self.tell({"bytes": self.done, "total": self.total})
+
+
+def must_hash(tier, known):
+    return tier == "full" or (tier == "deploy" and known is None)
+
+
+def bytes_to_hash(job, tier):
+    """What hash_files will read of this model at ``tier``."""
+    if job is None:
+        return 0
+    manifest, found, store = job
+    return sum(found[e["path"]][1].st_size for e in manifest["files"] if e["path"] in found
+               and must_hash(tier, store.known(*found[e["path"]])))
+
+
+def hash_files(manifest, found, store, tier, problems, hashing=None):
     """Compare sha256 with the manifest as ``tier`` asks. Returns (bytes hashed now, the time since which
     every file is known to match, or None when some file is not)."""
     hashed, times, unproven = 0, [], False
@@ -134,8 +170,8 @@ def hash_files(manifest, found, store, tier, problems):
             continue
         real, st = found[rel]
         known = store.known(real, st)
-        if tier == "full" or (tier == "deploy" and known is None):
-            value, when = store.hash(real, st)
+        if must_hash(tier, known):
+            value, when = store.hash(real, st, hashing.add if hashing else None)
             hashed += st.st_size
         elif known is not None:
             value, when = known
@@ -157,13 +193,23 @@ def free_bytes(path):
         return None
 
 
-def verify_model(m, tier, cache_dir):
+def verify_models(models, tier, cache_dir):
+    """Every model checked first, then hashed, so the progress frames know the host's total."""
+    checked = [inspect_model(m, cache_dir) for m in models]
+    hashing = Hashing(sum(bytes_to_hash(job, tier) for _, _, job in checked))
+    answers = [finish_model(out, problems, job, tier, hashing) for out, problems, job in checked]
+    hashing.report(force=True)
+    return answers
+
+
+def inspect_model(m, cache_dir):
+    """(answer so far, problems, what is left to hash: (manifest, found, store) or None)."""
     base = model_base(m)
     out = {"key": m.get("key"), "layout": m["layout"], "path": base, "present": os.path.isdir(base),
            "manifest": False, "name": None, "revision": m.get("revision"), "bytes": None, "files": 0,
            "verified_at": None, "hashed_bytes": 0, "problems": [], "state": "ok"}
     out["free_bytes"] = free_bytes(base if out["present"] else os.path.dirname(base.rstrip("/")) or "/")
-    problems = []
+    problems, job = [], None
     if not out["present"]:
         problems.append(("", "missing", "not on this host (%s)" % base))
     else:
@@ -183,9 +229,15 @@ def verify_model(m, tier, cache_dir):
         if manifest is None:
             out["bytes"], out["files"] = sum(sizes.values()), len(sizes)
         else:
-            store = HashStore(cache_dir, os.path.realpath(base))
-            out["hashed_bytes"], out["verified_at"] = hash_files(manifest, found, store, tier, problems)
-            store.save()
+            job = (manifest, found, HashStore(cache_dir, os.path.realpath(base)))
+    return out, problems, job
+
+
+def finish_model(out, problems, job, tier, hashing):
+    if job is not None:
+        manifest, found, store = job
+        out["hashed_bytes"], out["verified_at"] = hash_files(manifest, found, store, tier, problems, hashing)
+        store.save()
     out["problems"] = [{"file": f, "kind": k, "what": w} for f, k, w in problems]
     if problems:
         out["state"] = max((p[1] for p in problems), key=lambda k: SEVERITY[k])
@@ -216,16 +268,20 @@ def remove_model(m, root):
     for path, release in sorted(used.items()):
         if path == base or path.startswith(base + os.sep):
             raise ValueError("%s is used by kept release %s: not removed" % (path, release))
+    if m["layout"] == "hf_cache":  # with the snapshot, what an older fleetctl's killed sync left beside it
+        swept, swept_bytes = sweep_old_staging(os.path.join(m["cache"], hf_repo_folder(m["repo"])))
+        out = remove_snapshot(m, base) if os.path.isdir(base) else {
+            "key": m.get("key"), "path": base, "removed": False, "freed_bytes": 0}
+        out.update(swept=swept, freed_bytes=out["freed_bytes"] + swept_bytes)
+        return out
     if not os.path.isdir(base):
         return {"key": m.get("key"), "path": base, "removed": False, "freed_bytes": 0}
-    if m["layout"] == "folder":
-        if not (os.path.exists(model_manifest_path(m)) or os.path.exists(os.path.join(base, "config.json"))):
-            raise ValueError("%s holds no model (no manifest, no config.json): not removed" % base)
-        freed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(base) for f in fs
-                    if not os.path.islink(os.path.join(d, f)))
-        shutil.rmtree(base)
-        return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
-    return remove_snapshot(m, base)
+    if not (os.path.exists(model_manifest_path(m)) or os.path.exists(os.path.join(base, "config.json"))):
+        raise ValueError("%s holds no model (no manifest, no config.json): not removed" % base)
+    freed = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(base) for f in fs
+                if not os.path.islink(os.path.join(d, f)))
+    shutil.rmtree(base)
+    return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
 
 
 def remove_snapshot(m, base):
@@ -245,7 +301,22 @@ def remove_snapshot(m, base):
         os.unlink(model_manifest_path(m))
     except OSError:
         pass
+    drop_refs_to(repo_dir, m["revision"])
     return {"key": m.get("key"), "path": base, "removed": True, "freed_bytes": freed}
+
+
+def drop_refs_to(repo_dir, revision):
+    """Refs (refs/main, ...) naming the removed revision go with it, as the Hub's own `hf cache rm` does:
+    a ref to a missing commit is a corrupted cache to huggingface_hub's scan."""
+    for folder, _, names in os.walk(os.path.join(repo_dir, "refs")):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "r", encoding="utf-8") as handle:
+                    if handle.read().strip() == revision:
+                        os.unlink(path)
+            except (IOError, OSError, ValueError):
+                continue
 
 
 def current_models(root):
@@ -270,9 +341,8 @@ def current_models(root):
 def main(params):
     if params.get("op") == "current":  # what the serving release needs, checked quickly (status, drift, report)
         models = current_models(params["root"])
-        return {"models": [verify_model(m, "quick", params.get("cache_dir")) for m in models],
-                "refs": models}
+        return {"models": verify_models(models, "quick", params.get("cache_dir")), "refs": models}
     if params.get("op") == "remove":
         return {"models": [remove_model(m, params["root"]) for m in params["models"]]}
     tier = params.get("tier") or "quick"
-    return {"models": [verify_model(m, tier, params.get("cache_dir")) for m in params["models"]]}
+    return {"models": verify_models(params["models"], tier, params.get("cache_dir"))}

@@ -38,11 +38,14 @@ class BlobMismatch(ManifestError):
         self.rel = rel
 
 
-def sha256_file(path):
+def sha256_file(path, progress=None):
+    """``progress(n)``, if given, is told of every n bytes read (model_host's progress frames)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(CHUNK), b""):
             digest.update(chunk)
+            if progress is not None:
+                progress(len(chunk))
     return digest.hexdigest()
 
 

@@ -8,6 +8,7 @@ agent and cached there by hash.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import AgentError, ConnectError, RemoteOperationError
-from fleetctl.transport.base import Connector, Step, Stream
+from fleetctl.transport.base import Connector, Progress, Step, Stream
 
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code, shipped as source
 MAGIC = b"\x00FLEETCTL-AGENT-1\n"
@@ -234,9 +235,9 @@ class AgentClient:
         except EOFError:
             raise self._fail("exited before saying hello") from None
 
-    def _request(self, msg: dict[str, Any], timeout: float | None) -> Any:
+    def _request(self, msg: dict[str, Any], timeout: float | None, progress: Progress | None = None) -> Any:
         msg, deadline = self._send(msg, timeout)
-        return self._answer(msg["id"], msg, deadline, timeout)
+        return self._answer(msg["id"], msg, deadline, timeout, progress)
 
     def _send(self, msg: dict[str, Any], timeout: float | None) -> tuple[dict[str, Any], float | None]:
         """``msg`` sent with its id; the deadline of its answer."""
@@ -262,17 +263,15 @@ class AgentClient:
                 f"its bastion {bastion} went away" if bastion else "the host's SSH server or network went away"))
         return self._fail(f"died ({type(exc).__name__})")
 
-    def _answer(self, want_id: int, msg: dict[str, Any], deadline: float | None, timeout: float | None) -> Any:
-        """The next message, which must answer ``want_id``; its result, or the remote error raised."""
-        try:
-            size = struct.unpack(">I", self._recv_exact(4, deadline))[0]
-            if size > MAX_MESSAGE:
-                raise self._fail(f"sent a {size}-byte message (limit {MAX_MESSAGE})")
-            answer = json.loads(self._recv_exact(size, deadline))
-        except TimeoutError:
-            raise self._timed_out(timeout) from None
-        except (EOFError, OSError) as exc:
-            raise self._lost(exc) from None
+    def _answer(self, want_id: int, msg: dict[str, Any], deadline: float | None, timeout: float | None,
+                progress: Progress | None = None) -> Any:
+        """The answer to ``want_id`` (its progress frames, if asked, handed to ``progress`` on the way);
+        its result, or the remote error raised."""
+        answer = self._message(deadline, timeout)
+        while progress is not None and "progress" in answer and "ok" not in answer and answer.get("id") == want_id:
+            with contextlib.suppress(Exception):  # a display's fault must not cost the answer (nor the framing)
+                progress(answer["progress"])
+            answer = self._message(deadline, timeout)
         if answer.get("id") != want_id:
             raise self._fail("answered out of order")
         if not answer.get("ok"):
@@ -282,6 +281,17 @@ class AgentClient:
                 err.get("message", ""), err.get("traceback", ""),
             )
         return answer.get("result")
+
+    def _message(self, deadline: float | None, timeout: float | None) -> Any:
+        try:
+            size = struct.unpack(">I", self._recv_exact(4, deadline))[0]
+            if size > MAX_MESSAGE:
+                raise self._fail(f"sent a {size}-byte message (limit {MAX_MESSAGE})")
+            return json.loads(self._recv_exact(size, deadline))
+        except TimeoutError:
+            raise self._timed_out(timeout) from None
+        except (EOFError, OSError) as exc:
+            raise self._lost(exc) from None
 
     # -- operations ------------------------------------------------------------------------
     def ping(self, timeout: float = 30.0) -> AgentInfo:
@@ -337,11 +347,13 @@ class AgentClient:
     def call(
         self, module: str, params: dict[str, Any] | None = None, *, python: str | None = None,
         timeout: float | None = None, source: tuple[str, str] | None = None, fresh: bool = False,
+        progress: Progress | None = None,
     ) -> Any:
         """``main(params)`` of remote ``module``: in the agent, or in a child under ``python``.
 
         ``source`` (text, hash) overrides this checkout's module source (the persistent-connection
-        server runs what its client sent); ``fresh`` re-runs the module's top level first."""
+        server runs what its client sent); ``fresh`` re-runs the module's top level first; ``progress``
+        gets each progress document the module sends before its answer (none from a child)."""
         text, digest = source or module_source(module)
         with self._lock:
             self._ensure_started()
@@ -356,12 +368,14 @@ class AgentClient:
             }
             if fresh:
                 msg["fresh"] = True
+            if progress is not None:
+                msg["progress"] = True
             if digest not in self._sent:
                 msg["source"] = text
             self._sent.add(digest)  # a fresh agent (after a restart) resets this set
             # The agent enforces a child interpreter's timeout itself: allow it slack to report.
             slack = 5.0 if python else 0.0
-            return self._request(msg, None if timeout is None else timeout + slack)
+            return self._request(msg, None if timeout is None else timeout + slack, progress)
 
     def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]:
         """``steps`` run in the agent one after another, to the end or the

@@ -7,11 +7,15 @@ and ``close``. Everything above it (agent, fan-out, core modules) is connector-a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+# What a call's progress frames are handed to, each as it arrives: the module's progress document
+# (``AGENT_PROGRESS(doc)`` on the host; see ``fleetctl/remote/agent.py``).
+Progress = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class HostSession(Protocol):
     the host's long-lived agent and returns its JSON-able answer; with ``python=`` it runs in a
     child process of that interpreter (a venv's python, to see the venv's packages). A remote
     exception raises ``RemoteOperationError``; a dead channel raises ``AgentError``.
+    ``progress=`` is handed each progress document the module sends while it runs (the host's
+    ``AGENT_PROGRESS``); a session that cannot carry them sends none.
     ``sequence(steps)`` runs several calls in the agent as one request that the host finishes even
     if the controller dies meanwhile (``AgentClient.sequence``).
     """
@@ -108,7 +114,7 @@ class HostSession(Protocol):
 
     def call(
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, progress: Progress | None = None,
     ) -> Any: ...
 
     def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]: ...

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleetctl.errors import ConnectError, FleetError, InputError
 from fleetctl.transport import hostkeys
 from fleetctl.transport.agent import AgentClient, AgentInfo
-from fleetctl.transport.base import CommandResult, Connector, HostResult, Status, Step
+from fleetctl.transport.base import CommandResult, Connector, HostResult, Progress, Status, Step
 from fleetctl.transport.target import Become, ConnectOptions, SSHTarget, resolve_become, resolve_target
 
 if TYPE_CHECKING:
@@ -89,9 +89,12 @@ class HostContext:
 
     def call(
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, progress: Progress | None = None,
     ) -> Any:
-        return self.agent.call(op, params, python=python, timeout=timeout or self.settings.command_timeout)
+        timeout = timeout or self.settings.command_timeout
+        if progress is not None and isinstance(self.agent, AgentClient):  # kept connections carry no progress
+            return self.agent.call(op, params, python=python, timeout=timeout, progress=progress)
+        return self.agent.call(op, params, python=python, timeout=timeout)
 
     def sequence(self, steps: list[Step], *, timeout: float | None = None) -> list[Any]:
         each = self.settings.command_timeout  # a plain call's budget, per step
