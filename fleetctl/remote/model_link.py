@@ -201,7 +201,9 @@ class Branch(object):
             if not select.select([], [fd], [], BEAT)[1]:
                 waited += BEAT
                 self.out.event("blocked", host=self.plan.get("host", ""), on=self.host)
-                if waited >= self.stall and time.time() - self.child_blocked > 3 * BEAT:
+                # a next host that said it waits on its own next one gets a whole stall period of
+                # silence before it is judged: its own cut comes first (a busy host's word can be late)
+                if waited >= self.stall and time.time() - self.child_blocked > max(3 * BEAT, self.stall):
                     raise Cut("stalled: took nothing for %ss" % self.stall)
                 continue
             try:
