@@ -5,12 +5,17 @@
     `sglang/srt`, vs `rg -F -n` on the same folder, same fixed-string terms.
 (b) whole commands: `fleetctl probe grep ... --json` on 1 and 8 lab hosts vs plain OpenSSH
     running `rg -F -n` on the same hosts, all started at once.
+(c) first run at 32 hosts (issue 37): bench/run.py's `source search, first run` (every host's grep
+    caches removed before each sample) for fleetctl and ansible-core only, alternating, with the
+    client's and the lab hosts' CPU seconds: on this 2-CPU machine their sum / 2 is a floor on the
+    wall time. Uses bench/run.py's lab (.fleetctl/bench-lab) and peer venv; `--only c` runs it alone
+    and rewrites the (c) section of bench/probe_search.md.
 
 Every sample is checked (the same matching lines found) before it counts. Starts its own lab
 (.fleetctl/bench-probe-lab on 127.0.91.x) and takes it down at the end, also on error. Writes
 bench/probe_search.md.
 
-    .venv/bin/python bench/probe_search.py [--runs 9] [--only a|b]
+    .venv/bin/python bench/probe_search.py [--runs 9] [--only a|b|c]
 
 `--only a` runs part (a) alone: no lab is started and bench/probe_search.md is left as it is (the
 table is printed). `--only b` runs part (b) alone (part (a) still unpacks the wheel and counts the
@@ -56,6 +61,9 @@ VENV = "/root/ml-env"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")  # what paramiko negotiates: the like-for-like bound
 TARGETS = {"a": 3.0, "b": 1.5}
+FIRST_RUN_HOSTS = 32
+FIRST_RUN_TOOLS = ("fleetctl", "ansible-core")
+SECTION_C = "## (c) first run at 32 hosts beside ansible-core"
 
 Job = Callable[[], float]
 
@@ -187,6 +195,60 @@ def fleet_samples(runs: int, lines: int) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def first_run_samples(runs: int) -> dict:
+    """(c): bench/run.py's 32-host lab and its `source search, first run` job, fleetctl and
+    ansible-core alone, alternating; wall, client CPU and hosts' CPU per sample."""
+    import run as bench_run  # bench/run.py: its lab, venvs, shared search script and checks
+
+    bench_run.peers.ensure("ansible")
+    fleet = lab_up(FIRST_RUN_HOSTS, bench_run.LAB_DIR, bench_run.BASE)
+    lab = None
+    try:
+        bench_run.install_venvs(fleet)
+        lab = bench_run.Lab(fleet)
+        meter, _group = bench_run.host_cpu_meter(fleet)
+        tools = {k: v for k, v in lab.search_first().items() if k in FIRST_RUN_TOOLS}
+        cpu: dict[str, list[float]] = {}
+        hosts: dict[str, list[float]] = {}
+        wall = jobs.rounds(tools, runs, cpu=cpu, host_cpu=meter, hosts=hosts)
+    finally:
+        if lab is not None:
+            lab.stop_kept()
+        lab_down(bench_run.LAB_DIR)  # kept (not purged): the venvs take minutes to install again
+        bench_run.remove_cgroups()
+    return {"wall": wall, "client_cpu": cpu, "hosts_cpu": hosts}
+
+
+def markdown_c(doc: dict, c: dict) -> str:
+    """The (c) section: medians, the ratio, and the CPU floor (client + hosts CPU) / CPUs."""
+    cpus = doc["machine"]["cpus"]
+    base = report.med(c["wall"]["fleetctl"])
+    lines = [
+        SECTION_C, "",
+        f"- date: {doc['date']}; reproduce: `{doc['command']}` (took {doc['elapsed_s']}s); load average (1 min) "
+        f"before / after: {doc['load_before']:.2f} / {doc['load_after']:.2f}",
+        f"- {doc['runs']} timed runs per row after 1 warm-up, alternating; every host's grep caches removed "
+        "before each sample; floor = (client CPU + hosts' CPU) / "
+        f"{cpus} CPUs: the hosts and the client share this machine's CPUs, so no wall time is below it", "",
+        "| tool | median s | min | max | this / fleetctl | client CPU s | hosts' CPU s | "
+        "hosts' CPU per host ms | floor s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for tool, samples in c["wall"].items():
+        s = report.stats(samples)
+        client, on_hosts = report.med(c["client_cpu"][tool]), report.med(c["hosts_cpu"][tool])
+        lines.append(f"| {tool} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {s['median'] / base:.2f} | "
+                     f"{client:.2f} | {on_hosts:.2f} | {on_hosts / FIRST_RUN_HOSTS * 1000:.0f} | "
+                     f"{(client + on_hosts) / cpus:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_section_c(text: str, section: str) -> str:
+    """bench/probe_search.md with its (c) section replaced (or added at the end)."""
+    head = text.split(SECTION_C)[0].rstrip("\n")
+    return head + "\n\n" + section
+
+
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [
@@ -219,19 +281,31 @@ def markdown(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=9, help="timed runs per row after 1 warm-up (>= 7)")
-    ap.add_argument("--only", choices=("a", "b"),
-                    help="run one part alone (a: no lab); the table is printed, probe_search.md not written")
+    ap.add_argument("--runs", type=int, default=9, help="timed runs per row after 1 warm-up (>= 7; >= 3 for c)")
+    ap.add_argument("--only", choices=("a", "b", "c"),
+                    help="run one part alone (a: no lab); a, b: the table is printed, probe_search.md not written; "
+                         "c: its section of probe_search.md rewritten")
     args = ap.parse_args(argv)
-    if args.runs < 7:
-        ap.error("--runs must be at least 7")
-    rg = subprocess.run(["rg", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    if args.runs < (3 if args.only == "c" else 7):
+        ap.error("--runs must be at least 7 (3 with --only c: 32 hosts on a shared machine)")
+    if shutil.which("rg") is None and args.only != "c":
+        ap.error("parts a and b compare with ripgrep: install it (rg), or run --only c")
+    rg = subprocess.run(["rg", "--version"], capture_output=True, text=True).stdout.splitlines()[0] \
+        if shutil.which("rg") else "no ripgrep"
     given = sys.argv[1:] if argv is None else argv
     doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": report.machine(), "rg": rg,
                  "command": shlex.join([".venv/bin/python", "bench/probe_search.py", *given]),
                  "runs": args.runs, "load_before": os.getloadavg()[0], "jobs": {}}
     started = time.monotonic()
     jobs.compile_fleetctl()
+    out = HERE / "probe_search.md"
+    if args.only == "c":
+        c = first_run_samples(args.runs)
+        doc["elapsed_s"], doc["load_after"] = round(time.monotonic() - started, 1), os.getloadavg()[0]
+        section = markdown_c(doc, c)
+        out.write_text(replace_section_c(out.read_text() if out.exists() else "", section))
+        print(section)
+        return 0
     if args.only == "b":
         doc["lines"] = expected_lines()
     else:
@@ -250,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["load_after"] = os.getloadavg()[0]
     text = markdown(doc)
     if args.only is None:
-        (HERE / "probe_search.md").write_text(text)
+        kept = out.read_text() if out.exists() else ""
+        out.write_text(text + ("\n" + SECTION_C + kept.split(SECTION_C, 1)[1] if SECTION_C in kept else ""))
     print(text)
     return 0
 
