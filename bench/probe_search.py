@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' wheel cache: sglang_suppor
 
 import jobs  # noqa: E402
 import report  # noqa: E402
+from probe_search_first import SECTION_C, first_run_samples, markdown_c, replace_section_c  # noqa: E402
 from sglang_support import wheel as cached_wheel  # noqa: E402
 
 from fleetctl.lab import LabFleet, lab_down, lab_up  # noqa: E402
@@ -61,9 +62,6 @@ VENV = "/root/ml-env"
 TERMS = ("update_mamba_state_after_mtp_verify", "disable_state_update", "mamba_intermediate", "Mamba")
 SAME_KEX = ("-o", "KexAlgorithms=curve25519-sha256")  # what paramiko negotiates: the like-for-like bound
 TARGETS = {"a": 3.0, "b": 1.5}
-FIRST_RUN_HOSTS = 32
-FIRST_RUN_TOOLS = ("fleetctl", "ansible-core")
-SECTION_C = "## (c) first run at 32 hosts beside ansible-core"
 
 Job = Callable[[], float]
 
@@ -195,60 +193,6 @@ def fleet_samples(runs: int, lines: int) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def first_run_samples(runs: int) -> dict:
-    """(c): bench/run.py's 32-host lab and its `source search, first run` job, fleetctl and
-    ansible-core alone, alternating; wall, client CPU and hosts' CPU per sample."""
-    import run as bench_run  # bench/run.py: its lab, venvs, shared search script and checks
-
-    bench_run.peers.ensure("ansible")
-    fleet = lab_up(FIRST_RUN_HOSTS, bench_run.LAB_DIR, bench_run.BASE)
-    lab = None
-    try:
-        bench_run.install_venvs(fleet)
-        lab = bench_run.Lab(fleet)
-        meter, _group = bench_run.host_cpu_meter(fleet)
-        tools = {k: v for k, v in lab.search_first().items() if k in FIRST_RUN_TOOLS}
-        cpu: dict[str, list[float]] = {}
-        hosts: dict[str, list[float]] = {}
-        wall = jobs.rounds(tools, runs, cpu=cpu, host_cpu=meter, hosts=hosts)
-    finally:
-        if lab is not None:
-            lab.stop_kept()
-        lab_down(bench_run.LAB_DIR)  # kept (not purged): the venvs take minutes to install again
-        bench_run.remove_cgroups()
-    return {"wall": wall, "client_cpu": cpu, "hosts_cpu": hosts}
-
-
-def markdown_c(doc: dict, c: dict) -> str:
-    """The (c) section: medians, the ratio, and the CPU floor (client + hosts CPU) / CPUs."""
-    cpus = doc["machine"]["cpus"]
-    base = report.med(c["wall"]["fleetctl"])
-    lines = [
-        SECTION_C, "",
-        f"- date: {doc['date']}; reproduce: `{doc['command']}` (took {doc['elapsed_s']}s); load average (1 min) "
-        f"before / after: {doc['load_before']:.2f} / {doc['load_after']:.2f}",
-        f"- {doc['runs']} timed runs per row after 1 warm-up, alternating; every host's grep caches removed "
-        "before each sample; floor = (client CPU + hosts' CPU) / "
-        f"{cpus} CPUs: the hosts and the client share this machine's CPUs, so no wall time is below it", "",
-        "| tool | median s | min | max | this / fleetctl | client CPU s | hosts' CPU s | "
-        "hosts' CPU per host ms | floor s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for tool, samples in c["wall"].items():
-        s = report.stats(samples)
-        client, on_hosts = report.med(c["client_cpu"][tool]), report.med(c["hosts_cpu"][tool])
-        lines.append(f"| {tool} | {s['median']:.2f} | {s['min']:.2f} | {s['max']:.2f} | {s['median'] / base:.2f} | "
-                     f"{client:.2f} | {on_hosts:.2f} | {on_hosts / FIRST_RUN_HOSTS * 1000:.0f} | "
-                     f"{(client + on_hosts) / cpus:.2f} |")
-    return "\n".join(lines) + "\n"
-
-
-def replace_section_c(text: str, section: str) -> str:
-    """bench/probe_search.md with its (c) section replaced (or added at the end)."""
-    head = text.split(SECTION_C)[0].rstrip("\n")
-    return head + "\n\n" + section
-
-
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [
@@ -303,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         c = first_run_samples(args.runs)
         doc["elapsed_s"], doc["load_after"] = round(time.monotonic() - started, 1), os.getloadavg()[0]
         section = markdown_c(doc, c)
+        (HERE / "probe_search.json").write_text(json.dumps({"c": doc | c}, indent=1) + "\n")  # every sample
         out.write_text(replace_section_c(out.read_text() if out.exists() else "", section))
         print(section)
         return 0
