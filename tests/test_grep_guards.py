@@ -81,7 +81,9 @@ def test_sglang_answer_is_the_same_with_and_without_guards(site: Path, ignore_ca
         return answer
 
     guarded, unguarded = remote_module("source"), remote_module("source")
-    unguarded.plan_guards = lambda needles: [(None, [i]) for i in range(len(needles))]
+    unguarded.__dict__["plan_guards"] = lambda needles: [(None, [i]) for i in range(len(needles))]
+    kind, guard = ("lower", b"mamba") if ignore_case else ("bytes", b"amba")  # lowered, Mamba holds "mamba"
+    assert guarded.fixed_needles(BENCH_TERMS, False, kind)[1][0] == (guard, [0, 2, 3])  # the guard is in play
     answer = grep(guarded)
     assert answer["matched_lines"] > 0 and answer["files"]
     assert answer == grep(unguarded)
