@@ -5,12 +5,17 @@
     `sglang/srt`, vs `rg -F -n` on the same folder, same fixed-string terms.
 (b) whole commands: `fleetctl probe grep ... --json` on 1 and 8 lab hosts vs plain OpenSSH
     running `rg -F -n` on the same hosts, all started at once.
+(c) first run at 32 hosts (issue 37): bench/run.py's `source search, first run` (every host's grep
+    caches removed before each sample) for fleetctl and ansible-core only, alternating, with the
+    client's and the lab hosts' CPU seconds: on this 2-CPU machine their sum / 2 is a floor on the
+    wall time. Uses bench/run.py's lab (.fleetctl/bench-lab) and peer venv; `--only c` runs it alone
+    and rewrites the (c) section of bench/probe_search.md.
 
 Every sample is checked (the same matching lines found) before it counts. Starts its own lab
 (.fleetctl/bench-probe-lab on 127.0.91.x) and takes it down at the end, also on error. Writes
 bench/probe_search.md.
 
-    .venv/bin/python bench/probe_search.py [--runs 9] [--only a|b]
+    .venv/bin/python bench/probe_search.py [--runs 9] [--only a|b|c]
 
 `--only a` runs part (a) alone: no lab is started and bench/probe_search.md is left as it is (the
 table is printed). `--only b` runs part (b) alone (part (a) still unpacks the wheel and counts the
@@ -40,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' wheel cache: sglang_suppor
 
 import jobs  # noqa: E402
 import report  # noqa: E402
+from probe_search_first import SECTION_C, first_run_samples, markdown_c, replace_section_c  # noqa: E402
 from sglang_support import wheel as cached_wheel  # noqa: E402
 
 from fleetctl.lab import LabFleet, lab_down, lab_up  # noqa: E402
@@ -219,19 +225,32 @@ def markdown(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=9, help="timed runs per row after 1 warm-up (>= 7)")
-    ap.add_argument("--only", choices=("a", "b"),
-                    help="run one part alone (a: no lab); the table is printed, probe_search.md not written")
+    ap.add_argument("--runs", type=int, default=9, help="timed runs per row after 1 warm-up (>= 7; >= 3 for c)")
+    ap.add_argument("--only", choices=("a", "b", "c"),
+                    help="run one part alone (a: no lab); a, b: the table is printed, probe_search.md not written; "
+                         "c: its section of probe_search.md rewritten")
     args = ap.parse_args(argv)
-    if args.runs < 7:
-        ap.error("--runs must be at least 7")
-    rg = subprocess.run(["rg", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    if args.runs < (3 if args.only == "c" else 7):
+        ap.error("--runs must be at least 7 (3 with --only c: 32 hosts on a shared machine)")
+    if shutil.which("rg") is None and args.only != "c":
+        ap.error("parts a and b compare with ripgrep: install it (rg), or run --only c")
+    rg = subprocess.run(["rg", "--version"], capture_output=True, text=True).stdout.splitlines()[0] \
+        if shutil.which("rg") else "no ripgrep"
     given = sys.argv[1:] if argv is None else argv
     doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": report.machine(), "rg": rg,
                  "command": shlex.join([".venv/bin/python", "bench/probe_search.py", *given]),
                  "runs": args.runs, "load_before": os.getloadavg()[0], "jobs": {}}
     started = time.monotonic()
     jobs.compile_fleetctl()
+    out = HERE / "probe_search.md"
+    if args.only == "c":
+        c = first_run_samples(args.runs)
+        doc["elapsed_s"], doc["load_after"] = round(time.monotonic() - started, 1), os.getloadavg()[0]
+        section = markdown_c(doc, c)
+        (HERE / "probe_search.json").write_text(json.dumps({"c": doc | c}, indent=1) + "\n")  # every sample
+        out.write_text(replace_section_c(out.read_text() if out.exists() else "", section))
+        print(section)
+        return 0
     if args.only == "b":
         doc["lines"] = expected_lines()
     else:
@@ -250,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["load_after"] = os.getloadavg()[0]
     text = markdown(doc)
     if args.only is None:
-        (HERE / "probe_search.md").write_text(text)
+        kept = out.read_text() if out.exists() else ""
+        out.write_text(text + ("\n" + SECTION_C + kept.split(SECTION_C, 1)[1] if SECTION_C in kept else ""))
     print(text)
     return 0
 

@@ -1,6 +1,7 @@
 # fleetctl-include: source_fanout
 # fleetctl-include: source_symbol
 # fleetctl-include: grep_cache
+# fleetctl-include: grep_guards
 """Search the source of a package installed for this interpreter: grep and symbol.
 
 Stdlib only, Python >= 3.8. Run under a venv's python (the agent starts it as a child) so that the
@@ -294,11 +295,12 @@ def grep_file(data, terms, finders, kind, budget, context, firsts=None):
     return entry
 
 
-def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None):
+def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None, guarded=(None, None)):
     """(entries, binary files, unreadable files, files answered by the cache, what the cache learnt)
     of some files, in the order given; at most max_hits lines listed. ``cache``: a GrepCache whose
     keys are paths relative to ``root`` (or None): a file whose stat shows the very file an earlier
-    search read is answered from it, unread (see reusable)."""
+    search read is answered from it, unread (see reusable). ``guarded``: fixed_needles' answer."""
+    needles, groups = guarded
     entries, binary, unreadable, shown, cached, learnt = [], 0, 0, 0, 0, {}
     cut = len(root.rstrip("/")) + 1
     for path in paths:
@@ -327,7 +329,9 @@ def grep_files(paths, root, terms, finders, kind, max_hits, context, cache=None)
             continue
         firsts = None
         entry = None
-        if kind == "bytes":  # most files hold no term: skip them without more ado
+        if needles is not None:  # most files hold no term: skip them without more ado (grep_guards.py)
+            firsts = first_matches(data.lower() if kind == "lower" else data, needles, groups)
+        elif kind == "bytes":
             firsts = [find(data, 0) for find in finders]
         if firsts is None or max(firsts) >= 0:
             entry = grep_file(data, terms, finders, kind, max_hits - shown, context, firsts)
@@ -355,6 +359,7 @@ def grep(params):
     terms = list(params.get("terms") or [])
     regex, ignore_case = bool(params.get("regex")), bool(params.get("ignore_case"))
     finders, kind = compile_terms(terms, regex, ignore_case)
+    guarded = fixed_needles(terms, regex, kind)
     root, pkg_dir, base = search_base(params)
     max_hits = max(int(params.get("max_hits", 200)), 0)
     context = max(int(params.get("context") or 0), 0)
@@ -367,7 +372,7 @@ def grep(params):
     budget = [max_hits]  # lines this process may still list: its chunks of paths come in order
 
     def work(part):
-        found = grep_files(part, root, terms, finders, kind, budget[0], context, cache)
+        found = grep_files(part, root, terms, finders, kind, budget[0], context, cache, guarded)
         budget[0] -= sum(len(e["hits"]) for e in found[0])
         return found
 
