@@ -9,7 +9,8 @@ rotation at once (as the gateway lists them), and the total rollout time.
 hand, so the gateway routes to servers that are restarted under it.
 
 Run: .venv/bin/python bench/gateway.py [--hosts 8] [--load 20] [--clients 8] [--tokens 200]
-                                       [--rollouts 3] [--out bench/gateway]   (writes OUT.md, OUT.json)
+                                       [--rollouts 3] [--out bench/gateway-8]   (writes OUT.md, OUT.json;
+                                       bench/gateway.md is the curated page: never an OUT)
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--rollouts", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "gateway"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "gateway-8"))  # not "gateway": its .md is the curated page
     opts = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the lab comes down on a kill too (finally)
     folder = LAB.parent / "bench-gateway-files"
