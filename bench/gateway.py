@@ -9,7 +9,8 @@ rotation at once (as the gateway lists them), and the total rollout time.
 hand, so the gateway routes to servers that are restarted under it.
 
 Run: .venv/bin/python bench/gateway.py [--hosts 8] [--load 20] [--clients 8] [--tokens 200]
-                                       [--rollouts 3] [--out bench/gateway]   (writes OUT.md, OUT.json)
+                                       [--rollouts 3] [--out bench/gateway-8]   (writes OUT.md, OUT.json;
+                                       bench/gateway.md is the curated page: never an OUT)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +91,24 @@ def variant(url: str, inv: Path, specs: list[Path], first: int, opts: argparse.N
     gateway before it."""
     steps = [("deploy", str(specs[(first + i + 1) % 2]), "--serial", "1") for i in range(opts.rollouts)]
     steps.append(("service", "restart", "--serial", "2"))
-    meter, codes = OutMeter(url, expected), []
+    meter, codes, timeline = OutMeter(url, expected), [], []
     start = time.monotonic()
     with streaming_load(url, clients=opts.clients, tokens=opts.tokens) as tally:
         meter.thread.start()
         for step in steps:
-            codes.append(fleetctl(inv, *step)[0])
+            code, seconds = fleetctl(inv, *step)
+            codes.append(code)
+            # the running counts at each step's end: which step lost what
+            label = f"deploy {Path(step[1]).stem} --serial 1" if step[0] == "deploy" else " ".join(step)
+            timeline.append({"step": label,
+                             "exit": code, "seconds": round(seconds, 1), "at": round(time.monotonic() - start, 1),
+                             "completed": tally.completed, "failed": len(tally.failed),
+                             "truncated": len(tally.truncated)})
     meter.stop.set()
+    distinct = Counter(tally.failed + tally.truncated)
     return {"completed": tally.completed, "failed": len(tally.failed), "truncated": len(tally.truncated),
             "seconds": round(time.monotonic() - start, 1), "max_out": meter.most, "exit_codes": codes,
-            "failures": (tally.failed + tally.truncated)[:5]}
+            "steps": timeline, "distinct_failures": [{"count": n, "problem": p} for p, n in distinct.most_common()]}
 
 
 def main() -> int:
@@ -108,7 +118,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--rollouts", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "gateway"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "gateway-8"))  # not "gateway": its .md is the curated page
     opts = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the lab comes down on a kill too (finally)
     folder = LAB.parent / "bench-gateway-files"
@@ -137,7 +147,7 @@ def report(results: dict[str, Any], opts: argparse.Namespace) -> None:
              f"{opts.hosts} lab hosts, {opts.load:g} s load time, {opts.clients} clients streaming {opts.tokens}-token "
              f"completions through the gateway; deploy --serial 1 x{opts.rollouts}, then service restart --serial 2.",
              "", f"Command: `.venv/bin/python bench/gateway.py --hosts {opts.hosts} --load {opts.load:g} "
-             f"--clients {opts.clients} --tokens {opts.tokens} --rollouts {opts.rollouts}`", "",
+             f"--clients {opts.clients} --tokens {opts.tokens} --rollouts {opts.rollouts} --out {opts.out}`", "",
              "| fleetctl | completed | failed | truncated | most workers out at once | total s | exit codes |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in results.items():
