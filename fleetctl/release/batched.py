@@ -77,7 +77,7 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
         for b, batch in enumerate(plan):
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
             others = [h for h in names if h not in batch]  # a live canary's baseline hosts are among these
-            sync = GroupSync.for_hosts(fleet.contexts, batch)
+            sync = GroupSync.for_hosts(fleet.contexts, batch, threads=fleet.settings.forks)
             for host in batch:
                 fleet.contexts[host].peers = functools.partial(reachable_contexts, fleet, others)
                 fleet.contexts[host].node_sync = sync

@@ -78,7 +78,7 @@ def return_peers(fleet: Fleet, results: Results, var: str, back_to: Callable[[An
     target = {h: back_to(results[h].value) if results[h].ok else None for h in why}
     going = [h for h in why if target[h]]
     # in step as a batch (group_sync.py); a failed rank 0 not among them is out of its gateways already
-    sync = GroupSync.for_hosts(fleet.contexts, going, leaderless_ok=True)
+    sync = GroupSync.for_hosts(fleet.contexts, going, leaderless_ok=True, threads=fleet.settings.forks)
 
     def go(ctx: HostContext) -> Any:
         ctx.node_sync = sync

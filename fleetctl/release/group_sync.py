@@ -39,8 +39,10 @@ class _Signal:
 class GroupSync:
     """The batch's multi-node groups: who is rank 0, who waits on whom."""
 
-    def __init__(self, host_vars: Mapping[str, Mapping[str, Any]], leaderless_ok: bool = False) -> None:
+    def __init__(self, host_vars: Mapping[str, Mapping[str, Any]], leaderless_ok: bool = False,
+                 threads: int = 0) -> None:
         self.leaderless_ok = leaderless_ok  # a group's return after a failure: a rank 0 not in it is out already
+        self.threads = threads  # hosts changed at once (--forks; 0: all): rank 0 waits for its ranks only if they run
         self.group: dict[str, str] = {}  # host -> its group (dist_init_addr)
         self.rank: dict[str, int] = {}
         for name, hv in host_vars.items():
@@ -55,8 +57,9 @@ class GroupSync:
         self.done = {h: _Signal() for h in self.group if self.rank[h] > 0}
 
     @classmethod
-    def for_hosts(cls, contexts: Mapping[str, Any], names: Iterable[str], leaderless_ok: bool = False) -> GroupSync:
-        return cls({n: contexts[n].vars for n in names}, leaderless_ok)
+    def for_hosts(cls, contexts: Mapping[str, Any], names: Iterable[str], leaderless_ok: bool = False,
+                  threads: int = 0) -> GroupSync:
+        return cls({n: contexts[n].vars for n in names}, leaderless_ok, threads)
 
     def leader_drained(self, host: str, ok: bool, why: str = "") -> None:
         """Rank 0 says it is out of its gateways and drained (or why not)."""
@@ -88,8 +91,11 @@ class GroupSync:
         group = self.group.get(host)
         if group is None or self.rank[host] != 0:
             return []
+        members = sorted((h for h in self.done if self.group[h] == group), key=lambda h: self.rank[h])
+        if self.threads and len(members) + 1 > self.threads:  # they start only once rank 0 has ended
+            return []
         failed = []
-        for member in sorted((h for h in self.done if self.group[h] == group), key=lambda h: self.rank[h]):
+        for member in members:
             signal = self.done[member]
             if not signal.event.wait(seconds):
                 failed.append(f"rank {self.rank[member]} ({member}) not done within {seconds:.0f}s")
