@@ -111,6 +111,10 @@ def test_a_rank_stops_only_after_rank_0_drained(gg: dict[str, Any], capsys: pyte
     than the hold: rank 0 cannot drain, so rank 1 is not touched either (stopping it would cut the
     stream), and the stream completes in full once let go."""
     lab, url = gg["lab"], gg["url"]
+    check = run_cli(capsys, "-i", str(gg["inv"]), "-l", "lab1,lab2", "deploy", str(spec(gg["folder"], "C")), "--check")
+    assert check.rc == 0, check.out + check.err
+    assert (f"lab2: gateway: would wait for its rank 0: rank 1 stops only once its rank 0 (dist_init_addr "
+            f"{lab.addresses['lab1']}:20000) is out and drained") in check.out
     before = pids(gg, capsys)
     assert all(before.values())
     streaming, got = held_on_rank_0(gg)

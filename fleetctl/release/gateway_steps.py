@@ -36,8 +36,18 @@ def after_leader(session: HostSession, change: Callable[[], R]) -> R:
     said = sync.wait_leader(session.name, seconds_var(session.vars, "router_drain_timeout", 300.0) + 60)
     result = change()
     if said:
-        result.gates.insert(0, GateResult("node group: rank 0 drained", True, said))
+        result.gates.insert(0, GateResult("gateway: after its rank 0", True, said))
     return result
+
+
+def leader_plan(session: HostSession) -> list[GateResult]:
+    """Check mode, a rank > 0 behind a gateway: the wait a real run takes before its server stops."""
+    from fleetctl.release.nodegroups import rank_of
+
+    if not rank_of(session.vars) or not gateways_of(session.name, session.vars):
+        return []
+    return [GateResult("gateway: would wait for its rank 0", True, f"rank {rank_of(session.vars)} stops only once "
+                       f"its rank 0 (dist_init_addr {session.vars.get('dist_init_addr')}) is out and drained")]
 
 
 def port_of(session: HostSession, layout: HostLayout, name: str | None) -> int:
@@ -66,7 +76,7 @@ def deploy(session: HostSession, spec: ReleaseSpec, layout: HostLayout, change: 
 
 def deploy_plan(session: HostSession, spec: ReleaseSpec, layout: HostLayout) -> list[GateResult]:
     if not configured(session):
-        return []
+        return leader_plan(session)
     ours = spec_ports(spec, layout)
     return planned(session, sorted(set(current_ports(session, layout)) | set(ours)), ours)
 
@@ -80,7 +90,7 @@ def rollback(session: HostSession, layout: HostLayout, change: Callable[[], R]) 
 
 def rollback_plan(session: HostSession, layout: HostLayout) -> list[GateResult]:
     if not configured(session):
-        return []
+        return leader_plan(session)
     ports = current_ports(session, layout)
     return planned(session, ports, ports)
 
