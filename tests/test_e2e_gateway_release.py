@@ -102,3 +102,30 @@ def test_the_gateway_deploys_switches_and_rolls_back_as_a_release(
     assert status["current"] == load_spec(one).release_id and "round_robin" in status["argv"]
     assert status["health"] == "200"
     assert routed(env) == ([env["worker"]], (5, ""))
+
+
+def test_the_gateway_as_a_release_as_a_non_root_operator_with_become(
+        gw_lab: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Production's login: fleetop with sudo (-b) deploys the gateway release, switches it and rolls
+    it back; smg's own parser checks its args in the release's venv, and requests route through it."""
+    env = gw_lab
+    served = cli(capsys, env, "-l", "lab1", "deploy", "-y", str(env["folder"] / "worker.yml"))
+    assert served.rc == 0, served.out + served.err
+    fleetop = user_inventory(env["lab"], env["folder"] / "fleetop.yml")
+
+    def as_fleetop(*args: str) -> CliRun:
+        return run_cli(capsys, "-i", str(fleetop), "-b", "-l", "lab2", *args)
+
+    one, two = gateway_spec(env, "1", "round_robin"), gateway_spec(env, "2", "random")
+    for spec in (one, two):
+        r = as_fleetop("deploy", "-y", str(spec), "--json")
+        assert r.rc == 0, r.out + r.err
+        assert r.json()["hosts"]["lab2"]["value"]["launch"]["detail"].startswith("accepted by smg 1.13.0's parser")
+        assert routed(env) == ([env["worker"]], (5, ""))
+    back = as_fleetop("rollback", "-y", "--json")
+    assert back.rc == 0, back.out + back.err
+    status = as_fleetop("status", "--json").json()["hosts"]["lab2"]["value"]
+    assert status["current"] == load_spec(one).release_id and "round_robin" in status["argv"]
+    assert routed(env) == ([env["worker"]], (5, ""))
+    owner = env["lab"].ssh("lab2", f"stat -c %U /opt/fleetctl/releases/{load_spec(two).release_id}").stdout.strip()
+    assert owner == "root"  # written through sudo, not as fleetop

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from cli_support import run_cli
 from gateway_support import processes, start_gateway, streaming_load
-from lab_support import _NET, lab_usable, private_lab, worker_lab_dir
+from lab_support import _NET, lab_usable, private_lab, user_inventory, worker_lab_dir
 from sglang_support import NEW_SGLANG, make_venv, wheel
 
 from fleetctl.release.spec import load_spec
@@ -147,5 +147,25 @@ def test_the_playbook_release_module_compares_its_canary_with_the_plays_hosts_st
     gates = {g["name"]: g for g in r.json()["results"]["lab1"][0]["data"]["gates"]}
     canary = gates[f"canary vs hosts on {before}"]
     assert not canary["ok"] and "on lab2, lab3 (" in canary["detail"], canary
+    assert [current(lab_mc, h) for h in HOSTS] == [before] * 3
+    assert (tally.failed, tally.truncated) == ([], [])
+
+
+def test_the_live_canary_as_a_non_root_operator_with_become(lab_mc: dict[str, Any],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Production's login: fleetop with sudo (-b). The canary's metrics are read on the hosts as root
+    through sudo, compared with the host still on the old release, and the slow release rolls back."""
+    lab = lab_mc["lab"]
+    before = current(lab_mc, "lab1")
+    fleetop = user_inventory(lab, lab_mc["inv"].parent / "inventory-metric-canary-fleetop.yml",
+                             host_vars={h: {"router_url": lab_mc["url"]} for h in HOSTS})
+    with streaming_load(lab_mc["url"], clients=4, tokens=20) as tally:
+        r = run_cli(capsys, "-i", str(fleetop), "-b", "-l", "lab1,lab2", "deploy", str(lab_mc["slow"]),
+                    "--serial", "1", "--json")
+    assert r.rc == 2, r.out + r.err
+    value = r.json()["hosts"]["lab1"]["value"]
+    canary = {g["name"]: g for g in value["gates"]}[f"canary vs hosts on {before}"]
+    assert not canary["ok"] and "on lab2 (" in canary["detail"], canary
+    assert value["outcome"] == "rolled-back"
     assert [current(lab_mc, h) for h in HOSTS] == [before] * 3
     assert (tally.failed, tally.truncated) == ([], [])

@@ -107,9 +107,9 @@ def test_a_multi_node_server_is_gated_for_what_each_rank_serves_and_goes_back_as
     hosts = deploy(sick)
     assert hosts["lab3"]["value"]["outcome"] == "rolled-back"
     assert hosts["lab1"]["status"] == "failed" and hosts["lab1"]["value"]["outcome"] == "rolled-back"
-    assert hosts["lab1"]["reason"].startswith(
-        f"health gate failed: node group: mn=big: rank 1 (lab3) failed; this node went back with its group to "
-        f"{load_spec(gated).release_id}")
+    reason = hosts["lab1"]["reason"]
+    assert reason.startswith("health gate failed: node group: mn=big: rank 1 (lab3) failed: GET /health: "), reason
+    assert f"; this node went back with its group to {load_spec(gated).release_id}" in reason
     assert_current(lab, load_spec(gated).release_id)
 
 
@@ -138,3 +138,56 @@ def test_a_play_rolling_back_failed_hosts_takes_the_whole_group(
     assert r.rc == 2, r.out + r.err
     assert_current(lab, load_spec(plain).release_id)  # lab1 and lab3: the group, back as one
     assert lab.ssh("lab2", "basename $(readlink /opt/fleetctl/current)").stdout.strip() == load_spec(sick).release_id
+
+
+def group_on_two_releases(lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str, str]:
+    """lab1 (rank 0) and lab3 (rank 1) one server, deployed with release 1 then 2: (inventory, id 1, id 2)."""
+    inv = user_inventory(lab, tmp_path / "inv.yml", "root", {"lab1": {"mn": "big"}, "lab3": {"mn": "big"}})
+    ids = []
+    for version in ("1", "2"):
+        spec = group_spec(tmp_path, version, "{timeout: 30, interval: 0.2}")
+        r = run_cli(capsys, "-i", str(inv), "-l", "lab1,lab3", "deploy", "-y", str(spec))
+        assert r.rc == 0, r.out + r.err
+        ids.append(load_spec(spec).release_id)
+    return inv, ids[0], ids[1]
+
+
+def test_a_rollback_whose_rank_fails_leaves_the_group_on_one_release(
+        clean_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rollback --serial 1 takes the group in one batch (the node group its release was deployed
+    with, no --group-by needed); rank 1's release 1 no longer starts, so its rollback fails: rank 0,
+    which went back to 1, returns to 2 with it, and says which rank failed. Never 1 and 2 at once."""
+    lab = clean_lab
+    inv, first, second = group_on_two_releases(lab, tmp_path, capsys)
+    lab.ssh("lab3", f"rm /opt/fleetctl/releases/{first}/sglang_standin.py")
+    r = run_cli(capsys, "-i", str(inv), "-l", "lab1,lab3", "rollback", "-y", "--serial", "1", "--timeout", "8",
+                "--json")
+    assert r.rc == 2, r.out + r.err
+    hosts = r.json()["hosts"]
+    assert hosts["lab1"]["status"] == "failed", hosts
+    reason = hosts["lab1"]["reason"]  # rank 0's own /health fails too: a rank is missing
+    assert "node group: mn=big: " in reason and "rank 1 (lab3) failed: GET /health: the service exited" in reason
+    assert f"this node went back with its group to {second}" in hosts["lab1"]["reason"]
+    assert_current(lab, second)
+    journal = [json.loads(line) for line in Path(r.json()["journal"]).read_text().splitlines()]
+    assert [e["hosts"] for e in journal if e["event"] == "batch_start"] == [["lab1", "lab3"]]
+
+
+def test_a_service_restart_whose_rank_fails_fails_the_whole_group(
+        clean_lab: LabHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """service restart --serial 1: the group's nodes restart together in one batch; rank 1 does not
+    come back, so rank 0 (restarted, healthy on its own /health) fails with it, naming rank 1."""
+    lab = clean_lab
+    inv, _first, second = group_on_two_releases(lab, tmp_path, capsys)
+    lab.ssh("lab3", f"rm /opt/fleetctl/releases/{second}/sglang_standin.py")
+    r = run_cli(capsys, "-i", str(inv), "-l", "lab1,lab3", "service", "restart", "-y", "--serial", "1",
+                "--timeout", "8", "--json")
+    assert r.rc == 2, r.out + r.err
+    hosts = r.json()["hosts"]
+    assert hosts["lab3"]["status"] == "failed", hosts
+    assert hosts["lab1"]["status"] == "failed", hosts
+    reason = hosts["lab1"]["reason"]  # the group's line first: it names the rank that did not come back
+    assert reason.startswith("node group: mn=big: ") and "rank 1 (lab3) failed: GET /health: the service exited" \
+        in reason, reason
+    journal = [json.loads(line) for line in Path(r.json()["journal"]).read_text().splitlines()]
+    assert [e["hosts"] for e in journal if e["event"] == "batch_start"] == [["lab1", "lab3"]]

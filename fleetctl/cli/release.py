@@ -194,6 +194,7 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
     target is the release before the current one in each host's history that was never rolled back
     from; a host already rolled back stays (--to goes further back), so a re-run is safe."""
     from fleetctl.liveness import who
+    from fleetctl.release import group_rollback
     from fleetctl.release.manage import rollback_host
     from fleetctl.release.ownership import RunClaims
 
@@ -203,10 +204,13 @@ def rollback(app: AppContext, to: str | None, timeout: float, check: bool, break
     holder = who(f"fleetctl rollback {to or ''}".strip())
     claims = RunClaims(holder, break_lock, wait)
     with app.fleet() as fleet:
+        rollout, as_one = group_rollback.in_groups(fleet, app.inventory.hosts, rollout, None if check else lambda var: (
+            group_rollback.after_rollback_batch(fleet, var, holder, timeout, claims)))
         results, halted = in_batches(app, fleet, rollout, holder["command"], lambda ctx: rollback_host(
-            ctx, to, timeout, holder, break_lock, check, claims.get(ctx.name)), check, claims)
-    mark_failed(results, lambda r: r.ok, lambda r: f"rolled back to {r.to_id} but: "
-                + "; ".join(f"{g.name}: {g.detail}" for g in r.gates if not g.ok))
+            ctx, to, timeout, holder, break_lock, check, claims.get(ctx.name)), check, claims, as_one)
+    mark_failed(results, lambda r: r.ok, lambda r: (f"rolled back to {r.to_id} but: " if r.outcome != "returned"
+                                                    else "") + "; ".join(f"{g.name}: {g.detail}" for g in r.gates
+                                                                         if not g.ok))
     if app.json:
         render.emit_json({**render.results_json(results, lambda r: r.to_dict()), **halted})
     else:

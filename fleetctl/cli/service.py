@@ -46,6 +46,7 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
                 check: bool = False) -> int:
     from fleetctl.cli.release import mark_failed
     from fleetctl.liveness import who
+    from fleetctl.release import group_rollback
     from fleetctl.release.batched import run_batched, skipped_results
     from fleetctl.release.service_ops import service_host
 
@@ -60,8 +61,11 @@ def run_service(app: AppContext, op: str, instance: str | None, timeout: float, 
             return service_host(ctx, op, instance, holder, timeout, check)
 
         if op != "status" and not check:  # journaled, in one batch or in --serial's
+            # a multi-node server's nodes: one batch, in step, failing as one (release/group_rollback.py)
+            rollout, as_one = group_rollback.in_groups(fleet, app.inventory.hosts, rollout,
+                                                       lambda var: group_rollback.after_service_batch(fleet, var))
             run = run_batched(fleet, one, rollout, command, lambda r: r.ok and r.value is not None and r.value.ok,
-                              app.inventory.folder)
+                              app.inventory.folder, after_batch=as_one)
             results, halted, journal = skipped_results(run), run.halted, run.journal
         else:
             results = fleet.map(one)

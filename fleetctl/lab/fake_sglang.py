@@ -31,7 +31,8 @@ A node of rank > 0 of a multi-node server (``--node-rank N``, N >= 1) serves wha
 serves: no tokenizer, no API server, only its dummy health server (sglang 0.5.23
 srt/entrypoints/engine.py: ``if get_parallel().node_rank >= 1`` ... ``launch_dummy_health_check_server``;
 srt/utils/common.py: GET /ping, /health, /health_generate answer 200, plus /metrics with
---enable-metrics); every other path is 404 there.
+--enable-metrics); every other path is 404 there. With ``--nnodes N --dist-init-addr H:P`` the ranks
+join at H:P (rank 0 listens): rank 0 is 503 until all joined; a rank lost cuts rank 0's streams in flight.
 
 With --old-api the info endpoints are only under their older names, /get_server_info and
 /get_model_info (the new names 404), as in older SGLang releases.
@@ -118,7 +119,8 @@ class StandinHandler(BaseHTTPRequestHandler):
         # 503 while starting and while draining (http_server.py: health_generate; /ready: is_ready())
         if path in ("/health", "/ready"):
             starting = time.time() - self.started_at < self.opts.start_delay
-            status = 503 if starting or self.served.draining else self.opts.health_status
+            down = starting or self.served.draining or not self.served.group_ready()
+            status = 503 if down else self.opts.health_status
             self.reply(status, "text/plain; charset=utf-8", "")
         elif path in self.table:
             self.reply(*self.table[path]())
@@ -143,13 +145,17 @@ class StandinHandler(BaseHTTPRequestHandler):
             self.reply(400, "application/json", json.dumps({"detail": str(exc)}))
             return
         ready = time.time() - self.started_at >= self.opts.start_delay and self.opts.health_status == 200
-        if not ready or not self.served.begin():
+        if not ready or not self.served.group_ready() or not self.served.begin():
             self.reply(503, "application/json", json.dumps({"detail": "the server is not ready"}))
             return
-        if body.get("stream"):
-            self.stream(body, GENERATION[path])
-        else:
-            self.reply(200, "application/json", json.dumps(generate(self.opts, self.served, body, GENERATION[path])))
+        try:
+            if body.get("stream"):
+                self.stream(body, GENERATION[path])
+            else:
+                self.reply(200, "application/json", json.dumps(generate(self.opts, self.served, body,
+                                                                        GENERATION[path])))
+        except ConnectionAbortedError:  # a rank lost (PeerLost), as SGLang dies with it: the answer ends midway
+            self.close_connection = True
 
     def hang(self, path: str) -> None:
         """Never answer: wait until the caller closes the connection (its timeout acted), and log how
@@ -237,6 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-path", default=DEFAULT_MODEL)
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--node-rank", type=int, default=0, help="a multi-node server's rank (> 0: health only)")
+    p.add_argument("--nnodes", type=int, default=1, help="a multi-node server's node count")
+    p.add_argument("--dist-init-addr", default=None, help="HOST:PORT rank 0 listens on, the other ranks join")
     p.add_argument("--verbose", action="store_true", help="log requests on stderr")
     p.add_argument("--release-dir", default=None, help="release mode: report the release running from DIR")
     return p.parse_args(argv)
@@ -247,6 +255,8 @@ def serve(opts: argparse.Namespace, ready: threading.Event | None = None) -> Non
     if opts.bind_delay > 0:
         time.sleep(opts.bind_delay)
     served = Served()
+    if opts.nnodes > 1 and opts.dist_init_addr:  # one node of a multi-node server: its ranks join first
+        served.join_group(opts.nnodes, opts.node_rank, opts.dist_init_addr)
     httpd = ThreadingHTTPServer((opts.host, opts.port), make_handler(opts, served))
     httpd.daemon_threads = True
     if threading.current_thread() is threading.main_thread():
@@ -287,6 +297,8 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     p.add_argument("--speculative-algorithm", default=None)
     p.add_argument("--enable-metrics", action="store_true", default=opts.enable_metrics)
     p.add_argument("--node-rank", type=int, default=opts.node_rank)
+    p.add_argument("--nnodes", type=int, default=opts.nnodes)
+    p.add_argument("--dist-init-addr", default=opts.dist_init_addr)
     add_standin_flags(p, opts)
     args, _ = p.parse_known_args(launch)
     # SGLang's own flags are everything but the stand-in's: check them as the server would.
@@ -312,6 +324,7 @@ def installed_release(opts: argparse.Namespace, launch: list[str]) -> argparse.N
     opts.bind_delay, opts.hold_file = args.standin_bind_delay, args.standin_hold_file
     opts.decode_tps, opts.enable_metrics = args.standin_decode_tps, args.enable_metrics
     opts.prefill_delay, opts.node_rank = args.standin_prefill_delay, args.node_rank
+    opts.nnodes, opts.dist_init_addr = args.nnodes, args.dist_init_addr
     opts.standin = {"release": os.path.basename(os.path.realpath(opts.release_dir)), "spec_algorithms": algorithms,
                     "launch_args": launch, "python": sys.executable, "args_checked_by": checked_by}
     return opts

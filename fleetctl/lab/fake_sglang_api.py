@@ -8,6 +8,7 @@ from __future__ import annotations  # annotations stay strings: Python 3.8 runs 
 import argparse
 import json
 import os
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,21 @@ class Served:
         self.prompt_tokens = 0
         self.ttft: list[float] = []
         self.itl: list[float] = []
+        self.nodes: Nodes | None = None  # a multi-node server's ranks (--nnodes > 1)
+
+    def join_group(self, nnodes: int, rank: int, addr: str) -> None:
+        self.nodes = Nodes(nnodes, rank, addr)
+        self.nodes.start()
+
+    def group_ready(self) -> bool:
+        return self.nodes is None or self.nodes.ready()
+
+    def lost_peers(self) -> int:
+        return 0 if self.nodes is None else self.nodes.lost
+
+    def abort(self) -> None:
+        with self.lock:
+            self.running -= 1
 
     def begin(self) -> bool:
         """Admit one generation, draining or not: SGLang's generate_request has no shutdown check
@@ -84,6 +100,65 @@ class Served:
     def accept_length(self) -> float | None:
         with self.lock:
             return self.tokens / self.verify_steps if self.verify_steps else None
+
+
+class PeerLost(ConnectionAbortedError):
+    """A rank of this multi-node server went away while the request ran."""
+
+
+class Nodes:
+    """A multi-node server's ranks, as far as serving can tell: torch.distributed's store at
+    ``--dist-init-addr`` (rank 0 listens there, every other rank connects to it; sglang 0.5.23
+    srt/distributed/parallel_state.py init_distributed_environment, ``tcp://`` + dist_init_addr). SGLang
+    serves only with every rank up: rank 0's /health is 503 until all ``--nnodes`` ranks joined, and a
+    rank lost while requests run breaks them (the collective fails; SGLang's scheduler dies with it).
+    Here rank 0 stays up, cuts its requests in flight and answers 503 until the rank is back."""
+
+    def __init__(self, nnodes: int, rank: int, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        self.nnodes, self.rank, self.where = nnodes, rank, (host, int(port))
+        self.joined, self.lost = 0, 0
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self._listen if self.rank == 0 else self._join, daemon=True).start()
+
+    def ready(self) -> bool:
+        return self.joined >= (self.nnodes - 1 if self.rank == 0 else 1)
+
+    def _listen(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(self.where)
+        sock.listen(64)
+        while True:
+            conn, _ = sock.accept()
+            threading.Thread(target=self._peer, args=(conn,), daemon=True).start()
+
+    def _peer(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.joined += 1
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                self.joined, self.lost = self.joined - 1, self.lost + 1
+
+    def _join(self) -> None:
+        while True:
+            try:
+                with socket.create_connection(self.where, timeout=1) as conn:
+                    conn.settimeout(None)
+                    self.joined = 1
+                    while conn.recv(64):
+                        pass
+            except OSError:
+                pass
+            self.joined = 0
+            time.sleep(0.1)
 
 
 def server_info(opts: argparse.Namespace, served: Served) -> dict[str, Any]:
@@ -117,6 +192,7 @@ def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], kin
     (streaming). Answers the final body, shaped as SGLang answers ``kind``."""
     tokens, prompt = asked(body, kind)
     start = last = time.monotonic()
+    peers_lost = served.lost_peers()
     ttft, itl = 0.0, []
     time.sleep(getattr(opts, "prefill_delay", 0.0))  # the time to first token beyond one decode step
     for i in range(1, tokens + 1):
@@ -130,6 +206,9 @@ def generate(opts: argparse.Namespace, served: Served, body: dict[str, Any], kin
         if i == tokens - 1 and opts.hold_file and prompt == "hold":
             while not os.path.exists(opts.hold_file):  # a test holds this stream in flight
                 time.sleep(0.05)
+        if served.lost_peers() != peers_lost:  # a rank went away: this request is lost with it
+            served.abort()
+            raise PeerLost(f"a rank of this {opts.nnodes}-node server was lost")
         if emit is not None:
             emit(i, {"completion_tokens": i})
     meta: dict[str, Any] = {"id": f"standin-{served.requests}", "finish_reason": {"type": "length", "length": tokens},

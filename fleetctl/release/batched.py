@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetctl.errors import HostError
+from fleetctl.release import group_sync
+from fleetctl.release.group_sync import GroupSync
 from fleetctl.release.ownership import RunClaims
 from fleetctl.runs import rollout
 from fleetctl.runs.journal import Journal, runs_dir
@@ -75,10 +77,14 @@ def run_batched(fleet: Fleet, fn: Callable[[HostContext], T], how: Rollout, comm
         for b, batch in enumerate(plan):
             journal.event("batch_start", play=0, batch=b + 1, batches=len(plan), hosts=batch)
             others = [h for h in names if h not in batch]  # a live canary's baseline hosts are among these
+            sync = GroupSync.for_hosts(fleet.contexts, batch, threads=fleet.settings.forks)
             for host in batch:
                 fleet.contexts[host].peers = functools.partial(reachable_contexts, fleet, others)
+                fleet.contexts[host].node_sync = sync
+            # a multi-node group's rank 0 first: its ranks > 0 wait for its drain (group_sync.py)
+            order = sorted(batch, key=lambda h: sync.rank.get(h, 0))
             results = fleet.map(functools.partial(_journaled, journal, fn=fn, batch=b + 1, command=command,
-                                                  refused=refused), names=batch)
+                                                  refused=refused), names=order)
             if after_batch is not None:
                 after_batch(results)
             failed = [h for h in batch if not ok(results[h])]
@@ -116,9 +122,18 @@ def reachable_contexts(fleet: Fleet, names: list[str]) -> list[HostContext]:
 def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str,
                refused: dict[str, HostResult[Any]]) -> T:
     journal.event("task_start", play=0, batch=batch, host=ctx.name, name=command, started=time.time())
-    if ctx.name in refused:  # another run holds it (or it failed when the run took it): not touched
-        raise HostError(ctx.name, refused[ctx.name].reason or "not taken by this run")
-    return fn(ctx)
+    sync = group_sync.of(ctx)
+    try:
+        if ctx.name in refused:  # another run holds it (or it failed when the run took it): not touched
+            raise HostError(ctx.name, refused[ctx.name].reason or "not taken by this run")
+        value = fn(ctx)
+    except Exception as exc:
+        if sync is not None:
+            sync.finish(ctx.name, False, str(getattr(exc, "reason", None) or exc))
+        raise
+    if sync is not None:
+        sync.finish(ctx.name, *group_sync.verdict(value))
+    return value
 
 
 def skipped_results(run: BatchedRun) -> dict[str, HostResult[Any]]:

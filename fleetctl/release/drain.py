@@ -27,10 +27,12 @@ from typing import Any, Protocol, TypeVar
 from fleetctl.errors import HostError, InputError
 from fleetctl.gateway.client import Gateway, GatewayError, Worker
 from fleetctl.gateway.workers import gateways_of, worker_url
+from fleetctl.release import group_sync
 from fleetctl.release.gates import GateResult
 from fleetctl.transport.base import HostSession
 
 POLL = 0.2
+GROUP_WAIT = 3600.0  # rank 0 for its other ranks' changes: each ends (group_sync.finish), this only bounds a hang
 
 
 class Changed(Protocol):
@@ -43,7 +45,7 @@ class Changed(Protocol):
 R = TypeVar("R", bound=Changed)
 
 
-def _seconds(host_vars: Mapping[str, Any], var: str, default: float) -> float:
+def seconds_var(host_vars: Mapping[str, Any], var: str, default: float) -> float:
     try:
         return float(host_vars.get(var) or default)
     except (TypeError, ValueError):
@@ -57,7 +59,15 @@ def through_gateways(session: HostSession, ports_out: list[int], ports_in: Calla
     gateways = gateways_of(session.name, session.vars)
     if not gateways:
         return change()
-    out = take_out(session, gateways, ports_out)
+    sync = group_sync.of(session)
+    try:
+        out = take_out(session, gateways, ports_out)
+    except HostError as exc:
+        if sync is not None:  # its ranks > 0 stay untouched too
+            sync.leader_drained(session.name, False, exc.reason)
+        raise
+    if sync is not None:
+        sync.leader_drained(session.name, True)
     try:
         result = change()
     except HostError as exc:
@@ -65,6 +75,12 @@ def through_gateways(session: HostSession, ports_out: list[int], ports_in: Calla
     result.gates[:0] = out
     if not result.ok:
         result.gates.append(GateResult("gateway", False, _left_out(session, gateways, ports_out)))
+        return result
+    # a multi-node server serves only with every rank back: its other ranks' changes end first
+    failed = sync.wait_members(session.name, GROUP_WAIT) if sync is not None else []
+    if failed:
+        result.gates.append(GateResult("node group", False, f"{'; '.join(failed)}; "
+                                                            f"{_left_out(session, gateways, ports_out)}"))
         return result
     result.gates += put_back(session, gateways, ports_in())
     return result
@@ -86,7 +102,7 @@ def listings(session: HostSession, gateways: list[str]) -> dict[str, list[Worker
 def take_out(session: HostSession, gateways: list[str], ports: list[int]) -> list[GateResult]:
     """Steps 1 and 2: removed from every gateway, then nothing in flight at the worker."""
     found, steps = listings(session, gateways), []
-    deadline = time.monotonic() + _seconds(session.vars, "router_drain_timeout", 300.0)
+    deadline = time.monotonic() + seconds_var(session.vars, "router_drain_timeout", 300.0)
     for gateway in gateways:
         for port in ports:
             url, start = worker_url(session.name, session.vars, port), time.monotonic()
@@ -143,7 +159,7 @@ def in_flight(session: HostSession, port: int) -> int | None:
 def put_back(session: HostSession, gateways: list[str], ports: list[int]) -> list[GateResult]:
     """Step 4: each worker added to each gateway and healthy there; a failure fails the host."""
     steps = []
-    wait = _seconds(session.vars, "router_add_timeout", 120.0)
+    wait = seconds_var(session.vars, "router_add_timeout", 120.0)
     for gateway in gateways:
         for port in ports:
             url, start = worker_url(session.name, session.vars, port), time.monotonic()

@@ -88,7 +88,9 @@ def release_record(spec: ReleaseSpec) -> dict[str, Any] | None:
     """The release's own ``service.json`` when it has instances (their names, in order)."""
     if not spec.model.service.instances:
         return None
-    return {"release_id": spec.release_id, "instances": [i.name for i in spec.model.service.instances]}
+    node_group = spec.model.service.node_group  # rollback and service group a multi-node server by it
+    return {"release_id": spec.release_id, "instances": [i.name for i in spec.model.service.instances],
+            **({"node_group": node_group} if node_group else {})}
 
 
 def merge_args(base: list[str], own: list[str]) -> list[str]:

@@ -239,7 +239,9 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | 
             "env_file": f"{layout.current}/{inst.env_name}", "cwd": layout.current, "timeout": svc.stop_timeout,
             "unit": unit(spec, layout, inst), "host": host, "port": port, "health_path": health.path,
             "user": svc.user, "manager": None if svc.manager == "auto" else svc.manager,
-            **({"models": {m.role: m.to_dict() for m in spec.models}} if spec.models else {})}
+            **({"models": {m.role: m.to_dict() for m in spec.models}} if spec.models else {}),
+            # rollback and service, which take no spec, group a multi-node server's hosts by it
+            **({"node_group": svc.node_group} if svc.node_group else {})}
 
 
 def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[str, object]:

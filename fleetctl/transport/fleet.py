@@ -86,6 +86,7 @@ class HostContext:
         self.aborting: Callable[[], bool] = _never  # a run's second Ctrl-C (playbook runner binds it)
         # The run's other hosts, for a live canary's baseline (release/live_canary.py; batched runs bind it).
         self.peers: Callable[[], list[HostContext]] = list
+        self.node_sync: object | None = None  # a batch's multi-node groups in step (release/group_sync.py)
 
     def call(
         self, op: str, params: dict[str, Any] | None = None, *, python: str | None = None,
