@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import bench_model  # noqa: E402
 from lab_support import LabHandle  # noqa: E402
+from models_sync_profile import Sampler  # noqa: E402
 
 from fleetctl.cli.models_sync import parse_rate  # noqa: E402
 from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
@@ -74,6 +75,27 @@ def sync(lab: LabHandle, hosts: list[str]) -> tuple[float, int]:
     doc = json.loads(done.stdout)
     print(f"  sync to {len(hosts)}: {took:.1f}s, phases {doc['phases']}", flush=True)
     return took, int(doc["source_bytes_sent"])
+
+
+def profile(lab: LabHandle, counts: list[int], size: int) -> None:
+    """One sync per host count under the sampler (models_sync_profile.py): CPU by process, hop rates."""
+    targets = [h for h in lab.hosts if h != "lab1"]
+    paths = LabPaths(lab.dir)
+    for n in counts:
+        hosts = targets[:n]
+        clear(lab, hosts)
+        dirs = {h: [paths.host_dir(h) / MODEL.strip("/"), paths.host_dir(h) / "srv" / ".bench-model.fleetctl-partial"]
+                for h in hosts}
+        sshd = {h: pid for h, pid in lab.pids().items() if h in ["lab1", *hosts]}
+        with Sampler(sshd, dirs) as sampler:
+            took, _ = sync(lab, hosts)
+        cpu = sampler.cpu_by_kind()
+        kinds = {k: v for k, v in cpu.items() if not k.startswith("lab")}
+        print(f"N={n}: {took:.1f}s; CPU s by process: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(kinds.items())))
+        print("  per host CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()) if k.startswith("lab")))
+        print("  " + "\n  ".join(sampler.hops(size)))
+        print("  MB/s per 2 s:\n  " + "\n  ".join(sampler.rates()), flush=True)
+        clear(lab, hosts)
 
 
 def run(lab: LabHandle, counts: list[int], runs: int, size: int) -> dict[str, list[tuple[float, int]]]:
@@ -122,6 +144,7 @@ def main() -> int:
     parser.add_argument("--rate", default="50M")
     parser.add_argument("--hosts", default="4,16")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="one sampled sync per N, nothing written")
     args = parser.parse_args()
     counts = sorted(int(n) for n in args.hosts.split(","))
     load = os.getloadavg()[0]
@@ -131,6 +154,9 @@ def main() -> int:
         seed = LabPaths(lab.dir).host_dir("lab1") / MODEL.strip("/")
         size = bench_model.write_model(seed, args.model_mb * 1_000_000, 4)
         with lab.links(parse_rate(args.rate)):
+            if args.profile:
+                profile(lab, counts, size)
+                return 0
             samples = run(lab, counts, args.runs, size)
     finally:
         lab_down(LAB_DIR, purge=True)
