@@ -98,21 +98,27 @@ def profile(lab: LabHandle, counts: list[int], size: int) -> None:
         clear(lab, hosts)
 
 
-def run(lab: LabHandle, counts: list[int], runs: int, size: int) -> dict[str, list[tuple[float, int]]]:
+def run(lab: LabHandle, counts: list[int], args: argparse.Namespace, size: int
+        ) -> dict[str, list[tuple[float, int]]]:
+    """``args.runs`` rounds of a single copy and a sync per N; the star only at ``args.star_at`` in the
+    first ``args.star_runs`` rounds (at 2 GB a star round is N single copies long)."""
     samples: dict[str, list[tuple[float, int]]] = {}
     targets = [h for h in lab.hosts if h != "lab1"]
-    for r in range(runs):
+    star_at = {int(n) for n in args.star_at.split(",") if n}
+    for r in range(args.runs):
         clear(lab, targets)
         samples.setdefault("single copy", []).append((scp_star(lab, targets[:1]), size))
         print(f"round {r + 1}: single {samples['single copy'][-1][0]:.1f}s", flush=True)
         for n in counts:
             hosts = targets[:n]
             clear(lab, hosts)
-            samples.setdefault(f"star N={n}", []).append((scp_star(lab, hosts), n * size))
-            clear(lab, hosts)
+            if n in star_at and r < args.star_runs:
+                samples.setdefault(f"star N={n}", []).append((scp_star(lab, hosts), n * size))
+                print(f"round {r + 1}: N={n} star {samples[f'star N={n}'][-1][0]:.1f}s", flush=True)
+                clear(lab, hosts)
             samples.setdefault(f"sync N={n}", []).append(sync(lab, hosts))
-            print(f"round {r + 1}: N={n} star {samples[f'star N={n}'][-1][0]:.1f}s "
-                  f"sync {samples[f'sync N={n}'][-1][0]:.1f}s", flush=True)
+            print(f"round {r + 1}: N={n} sync {samples[f'sync N={n}'][-1][0]:.1f}s", flush=True)
+    clear(lab, targets)
     return samples
 
 
@@ -127,7 +133,8 @@ def report(samples: dict[str, list[tuple[float, int]]], args: argparse.Namespace
     return "\n".join([
         f"# models sync vs the star and a single copy ({size / 1e6:,.0f} MB model: 4 shards + index)", "",
         f"Command: `.venv/bin/python bench/models_sync.py --model-mb {args.model_mb} --rate {args.rate} "
-        f"--hosts {args.hosts} --runs {args.runs}` (lab on {BASE[:-2]}.x, links capped at {args.rate}B/s each way "
+        f"--hosts {args.hosts} --runs {args.runs} --star-at {args.star_at} --star-runs {args.star_runs}` "
+        f"(lab on {BASE[:-2]}.x, links capped at {args.rate}B/s each way "
         "per host by tc on loopback, 2-core machine)", "",
         "| what | median s | runs s | / single copy | MB the source sent | / model |",
         "|---|---|---|---|---|---|", *rows, "",
@@ -145,6 +152,9 @@ def main() -> int:
     parser.add_argument("--hosts", default="4,16")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one sampled sync per N, nothing written")
+    parser.add_argument("--star-at", default="4,16", help="the host counts the star runs at")
+    parser.add_argument("--star-runs", type=int, default=3, help="the rounds the star runs in (the first ones)")
+    parser.add_argument("--out", default=str(OUT), help="the markdown report's file")
     args = parser.parse_args()
     counts = sorted(int(n) for n in args.hosts.split(","))
     load = os.getloadavg()[0]
@@ -157,11 +167,11 @@ def main() -> int:
             if args.profile:
                 profile(lab, counts, size)
                 return 0
-            samples = run(lab, counts, args.runs, size)
+            samples = run(lab, counts, args, size)
     finally:
         lab_down(LAB_DIR, purge=True)
     text = report(samples, args, size, load)
-    OUT.write_text(text)
+    Path(args.out).write_text(text)
     print(text)
     return 0
 
