@@ -15,6 +15,7 @@ Starts its own lab (.fleetctl/bench-models-lab on 127.0.96.x) and takes it down 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ from models_sync_profile import Sampler  # noqa: E402
 
 from fleetctl.cli.models_sync import parse_rate  # noqa: E402
 from fleetctl.lab import LabPaths, lab_down, lab_up  # noqa: E402
+from fleetctl.transport.openssh import CIPHERS  # noqa: E402
 
 LAB_DIR = REPO / ".fleetctl" / "bench-models-lab"
 BASE = "127.0.96.0"
@@ -62,18 +64,23 @@ def scp_star(lab: LabHandle, hosts: list[str]) -> float:
     return time.monotonic() - start
 
 
-def sync(lab: LabHandle, hosts: list[str]) -> tuple[float, int]:
+def sync(lab: LabHandle, hosts: list[str], sample: bool = False) -> tuple[float, int]:
     code = "import sys; from fleetctl.cli.main import main; sys.exit(main(sys.argv[1:]))"
     argv = [sys.executable, "-c", code, "-i", str(lab.inventory_path), "-l", ",".join(hosts), "models", "sync",
             MODEL, "--from", "lab1", "--json"]
-    start = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False,
-                          env={**os.environ, "FLEETCTL_SSH_CONFIG": "none", "FLEETCTL_CONFIG": "none"})
-    took = time.monotonic() - start
+    sshd = {h: pid for h, pid in lab.pids().items() if h in ["lab1", *hosts]}
+    with Sampler(sshd, {}, every=1.0) if sample else contextlib.nullcontext() as sampler:
+        start = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False,
+                              env={**os.environ, "FLEETCTL_SSH_CONFIG": "none", "FLEETCTL_CONFIG": "none"})
+        took = time.monotonic() - start
     if done.returncode != 0:
         raise SystemExit(f"models sync failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
     doc = json.loads(done.stdout)
-    print(f"  sync to {len(hosts)}: {took:.1f}s, phases {doc['phases']}", flush=True)
+    print(f"  sync to {len(hosts)}: {took:.1f}s, phases {doc['phases']}, load {os.getloadavg()[0]:.1f}", flush=True)
+    if sampler is not None:
+        kinds = {k: v for k, v in sampler.cpu_by_kind().items() if not k.startswith("lab")}
+        print("  CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(kinds.items())), flush=True)
     return took, int(doc["source_bytes_sent"])
 
 
@@ -81,6 +88,10 @@ def profile(lab: LabHandle, counts: list[int], size: int) -> None:
     """One sync per host count under the sampler (models_sync_profile.py): CPU by process, hop rates."""
     targets = [h for h in lab.hosts if h != "lab1"]
     paths = LabPaths(lab.dir)
+    probe = (f"ssh -v -T -o BatchMode=yes -o StrictHostKeyChecking=yes -o Ciphers={CIPHERS} "
+             f"root@{lab.addresses[targets[0]]} true 2>&1 | grep -m1 'cipher:'; "
+             f"ssh -v -T -o BatchMode=yes root@{lab.addresses[targets[0]]} true 2>&1 | grep -m1 'cipher:'")
+    print("a hop's cipher, then scp's (ssh defaults):\n" + lab.ssh("lab1", probe, check=False).stdout, flush=True)
     for n in counts:
         hosts = targets[:n]
         clear(lab, hosts)
@@ -116,7 +127,7 @@ def run(lab: LabHandle, counts: list[int], args: argparse.Namespace, size: int
                 samples.setdefault(f"star N={n}", []).append((scp_star(lab, hosts), n * size))
                 print(f"round {r + 1}: N={n} star {samples[f'star N={n}'][-1][0]:.1f}s", flush=True)
                 clear(lab, hosts)
-            samples.setdefault(f"sync N={n}", []).append(sync(lab, hosts))
+            samples.setdefault(f"sync N={n}", []).append(sync(lab, hosts, sample=args.sample))
             print(f"round {r + 1}: N={n} sync {samples[f'sync N={n}'][-1][0]:.1f}s", flush=True)
     clear(lab, targets)
     return samples
@@ -154,6 +165,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="one sampled sync per N, nothing written")
     parser.add_argument("--star-at", default="4,16", help="the host counts the star runs at")
     parser.add_argument("--star-runs", type=int, default=3, help="the rounds the star runs in (the first ones)")
+    parser.add_argument("--sample", action="store_true", help="print each sync's CPU seconds by process")
     parser.add_argument("--out", default=str(OUT), help="the markdown report's file")
     args = parser.parse_args()
     counts = sorted(int(n) for n in args.hosts.split(","))
