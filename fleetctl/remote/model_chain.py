@@ -1,4 +1,3 @@
-# fleetctl-include: model_host
 # fleetctl-include: model_files
 # fleetctl-include: model_link
 # One link of `fleetctl models sync`'s pipelined chain, run on each host by `python -c` (stream_main).

@@ -1,4 +1,3 @@
-# fleetctl-include: model_manifest
 # fleetctl-include: model_host
 # The files of one model revision on a host, for `fleetctl models sync`.
 #
