@@ -23,6 +23,7 @@ BEAT = 1.0  # seconds: a blocked sender says so this often, so the hosts before 
 PIPE_SIZE = 1 << 20  # the pipes on each side of a node hold a whole frame: one wakeup per frame, not 16
 F_SETPIPE_SZ = 1031
 LAND_DEPTH = 32  # frames (MB) a node may hold for its own disk while it keeps forwarding
+HOLD_PROGRESS = 0.25  # seconds a hop holds its branch's progress lines to send them on in one write
 
 
 def frame(kind, payload):
@@ -207,23 +208,37 @@ class Branch(object):
             pass
 
     def pass_up(self, lines):
+        """Relay the branch's event lines upstream. Progress lines are held up to HOLD_PROGRESS seconds
+        (the latest per host) and sent on together: every host's progress crosses every hop before it,
+        so one write per line would cost each hop N writes and wakeups a second, the chain N squared."""
+        held, since = {}, 0.0
         while True:
             try:
-                line = lines.readline(None)
-            except (Cut, OSError):
-                return
-            if line is None:
-                return
-            if b'"blocked"' not in line:  # most lines are progress: passed on as they are, unparsed
-                if line.startswith(EVENT):
-                    self.out.line(line)
+                line = lines.readline(max(0.0, since + HOLD_PROGRESS - time.time()) if held else None)
+            except Cut:  # held long enough
+                self.out.line(b"".join(held.values()))
+                held = {}
                 continue
-            ev = parse_event(line)
-            if ev is not None and ev.get("ev") == "blocked":
-                if ev.get("host") == self.host:  # the next host waits on its own next one
-                    self.child_blocked = time.time()
-            elif ev is not None:
-                self.out.line(line)
+            except OSError:
+                line = None
+            if line is None:
+                if held:
+                    self.out.line(b"".join(held.values()))
+                return
+            if line.startswith(EVENT) and line.endswith(b'"ev": "progress"}\n'):
+                if not held:
+                    since = time.time()
+                held[line.split(b', "bytes"', 1)[0]] = line
+                continue
+            if b'"blocked"' in line:
+                ev = parse_event(line)
+                if ev is not None and ev.get("ev") == "blocked":
+                    if ev.get("host") == self.host:  # the next host waits on its own next one
+                        self.child_blocked = time.time()
+                    continue
+            if line.startswith(EVENT):  # in order: the progress held so far, then this line
+                self.out.line(b"".join(held.values()) + line)
+                held = {}
 
     def forward(self, kind, raw, cur):
         """Send one frame (``raw``: as it came, header and payload) on if this branch's subtree needs it;
