@@ -80,6 +80,29 @@ def test_the_first_deploy_check_after_a_sync_hashes_nothing_again(lab3: LabHandl
     assert state["state"] == "corrupt" and state["hashed_bytes"] > 0
 
 
+def test_a_source_keeps_the_hashes_of_its_manifest_and_hashes_a_changed_file_again(
+        lab3: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    """A source folder without a kept manifest is hashed once: its hashes go to the source's verified-hash
+    store (the next sync from it reads no file again), keyed by each file's stat, so a file rewritten
+    since at the same size is hashed again and the next target gets its new bytes."""
+    lab, path = lab3, "/srv/models/sourced"
+    clean(lab, path)
+    want = folder_on_lab1(lab, path)
+    r = cli(capsys, lab, "-l", "lab2", "models", "sync", path, "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    store_file = f"/var/lib/fleetctl/cache/models/verified-{hashlib.sha256(path.encode()).hexdigest()[:16]}.json"
+    store = json.loads(lab.ssh("lab1", f"cat {store_file}").stdout)
+    assert {os.path.basename(p): entry[4] for p, entry in store["files"].items()} == want
+    shard = host_path(lab, "lab1", f"{path}/model-00003-of-00004.safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    want[shard.name] = hashlib.sha256(bytes(data)).hexdigest()
+    r = cli(capsys, lab, "-l", "lab3", "models", "sync", path, "--from", "lab1", "--json")
+    assert r.rc == 0, r.out[-3000:] + r.err
+    assert held(lab, "lab3", path) == want
+
+
 def test_a_host_that_got_the_model_by_sync_is_the_next_source(lab3: LabHandle,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     lab, path = lab3, "/srv/models/relayed"

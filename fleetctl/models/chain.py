@@ -12,10 +12,14 @@ from the controller itself (a source folder here, or the relay) is fleetctl's ow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import secrets
 import shlex
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +117,59 @@ def peer_argv(ctx: HostContext) -> list[str]:
 def with_control_path(argv: list[str], token: str) -> list[str]:
     """The link's ssh, reusing a connection warmed beforehand when one exists (else it connects as usual)."""
     return [argv[0], "-o", f"ControlPath={control_path(token)}", *argv[1:]]
+
+
+def warm_links(source: HostContext | None, senders: list[HostContext], entries: list[dict[str, Any]],
+               keys: dict[str, str]) -> str:
+    """Every host-to-host link's connection made at once (``warm_command``): entries[i] is reached by
+    the host before it (the source, then each sender). The token of their ControlPaths."""
+    token = secrets.token_hex(6)
+    pairs = list(zip([source, *senders[:-1]], entries, strict=True))
+    if source is None:
+        pairs = pairs[1:]  # the first link is this machine's own ssh
+    by_sender = {ctx.name: (ctx, warm_command(entry["argv"], keys.get(ctx.name), token))
+                 for ctx, entry in pairs if ctx is not None}
+    with ThreadPoolExecutor(max(1, min(16, len(by_sender)))) as pool:
+        for future in [pool.submit(ctx.run, command, 90) for ctx, command in by_sender.values()]:
+            with contextlib.suppress(Exception):  # a link that cannot be warmed connects as usual
+                future.result()
+    return token
+
+
+def through_warmed(entries: list[dict[str, Any]], token: str, first_direct: bool) -> list[dict[str, Any]]:
+    """The links' argv riding the warmed connections (the controller's own first link excepted)."""
+    return [entry if (first_direct and i == 0) else {**entry, "argv": with_control_path(entry["argv"], token)}
+            for i, entry in enumerate(entries)]
+
+
+class EarlyWarm:
+    """The chain's links warmed for every target in the background while the source builds its
+    manifest and the targets check their disks: when every target turns out to need the model (a
+    first sync) the chain starts on connections already made; otherwise the chain of those that do
+    is warmed then (these expire WARM_PERSIST_S after they were made)."""
+
+    def __init__(self, source: HostContext | None, targets: list[HostContext]) -> None:
+        self.hosts: list[str] = []
+        self.thread: threading.Thread | None = None
+        self.token: str | None = None
+        try:
+            entries, _ = chain_entries(targets, first_from_controller=source is None)
+            senders = [ctx for ctx in targets if ctx.name in {e["host"] for e in entries}]
+            keys = link_keys([*([source] if source else []), *senders])
+        except HostError:
+            return  # said when the chain starts
+        self.hosts = [e["host"] for e in entries]
+        self.thread = threading.Thread(target=self.warm, args=(source, senders, entries, keys), daemon=True)
+        self.thread.start()
+
+    def warm(self, source: HostContext | None, senders: list[HostContext], entries: list[dict[str, Any]],
+             keys: dict[str, str]) -> None:
+        self.token = warm_links(source, senders, entries, keys)
+
+    def result(self) -> str | None:
+        if self.thread is not None:
+            self.thread.join()
+        return self.token
 
 
 def warm_command(argv: list[str], key: str | None, token: str) -> str:

@@ -13,17 +13,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import posixpath
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from fleetctl import hostpaths
 from fleetctl.errors import FleetError, HostError, InputError
 from fleetctl.models import chain
 from fleetctl.models.links import Events, HostTally, Tally, local_node, pump
@@ -106,8 +105,8 @@ def source_manifest(req: SyncRequest, source: HostContext | None) -> tuple[dict[
         params = {**req.source_params(), "path": req.source_dir, "cache": req.source_dir}
         found = host_files_module().main(params)
         where = req.source_dir
-    else:
-        found = source.call("model_files", req.source_params())
+    else:  # the source's verified-hash store: a file hashed before, unchanged since, is not read again
+        found = source.call("model_files", {**req.source_params(), "cache_dir": hostpaths.cache_dir(source.vars)})
         where = f"{source.name}:{req.cache if req.layout == 'hf_cache' else req.path}"
     if found.get("error"):
         raise InputError(f"--from {where}: {found['error']}")
@@ -179,6 +178,7 @@ class Sync:
                  on_change: Callable[[Tally], None] | None) -> None:
         self.req, self.source, self.targets = req, source, targets
         started = time.monotonic()
+        self.early = chain.EarlyWarm(source, list(targets.contexts.values()))  # beside the manifest and checks
         self.manifest, blobs = source_manifest(req, source)
         self.phases = {"manifest": time.monotonic() - started}
         self.files, self.links = wire_files(self.manifest, blobs)
@@ -189,6 +189,12 @@ class Sync:
         self.via: dict[str, str] = {}
 
     def run(self) -> SyncReport:
+        try:
+            return self.rounds()
+        finally:
+            self.early.result()  # no warming thread outlives the sync
+
+    def rounds(self) -> SyncReport:
         started = time.monotonic()
         pending = self.precheck()
         self.phases["check"] = time.monotonic() - started
@@ -234,7 +240,10 @@ class Sync:
             return
         senders = [ctx for ctx in pending if ctx.name in {e["host"] for e in entries}]
         keys = chain.link_keys([*([self.source] if self.source else []), *senders])
-        entries = self.warm(entries, senders, keys)
+        token = self.early.result()
+        if token is None or self.early.hosts != [e["host"] for e in entries]:  # not the chain warmed early
+            token = chain.warm_links(self.source, senders, entries, keys)
+        entries = chain.through_warmed(entries, token, first_direct=self.source is None)
         head = self.source.name if self.source else "(controller)"
         doc = self.plan.doc("source", head, [entries], keys, src=self.req.source_root(self.source is None))
         try:
@@ -254,24 +263,6 @@ class Sync:
         if why:
             for entry in entries:
                 self.tally.hosts[entry["host"]].cuts.append(f"the source {head} failed: {why}")
-
-    def warm(self, entries: list[dict[str, Any]], senders: list[HostContext], keys: dict[str, str]
-             ) -> list[dict[str, Any]]:
-        """Every host-to-host link's connection made at once, before the chain starts (``warm_command``)."""
-        token = secrets.token_hex(6)
-        pairs = list(zip([self.source, *senders[:-1]], entries, strict=True))
-        if self.source is None:
-            pairs = pairs[1:]  # the first link is this machine's own ssh
-        by_sender = {ctx.name: chain.warm_command(entry["argv"], keys.get(ctx.name), token)
-                     for ctx, entry in pairs if ctx is not None}
-        contexts = {ctx.name: ctx for ctx, _ in pairs if ctx is not None}
-        with ThreadPoolExecutor(max(1, min(16, len(by_sender)))) as pool:
-            for future in [pool.submit(contexts[name].run, command, 90) for name, command in by_sender.items()]:
-                with contextlib.suppress(Exception):  # a link that cannot be warmed connects as usual
-                    future.result()
-        first_direct = self.source is None
-        return [entry if (first_direct and i == 0) else {**entry, "argv": chain.with_control_path(entry["argv"], token)}
-                for i, entry in enumerate(entries)]
 
     def relay_round(self, left: list[HostContext]) -> None:
         branches, refused = chain.star_entries(left)

@@ -1,4 +1,3 @@
-# fleetctl-include: model_host
 # fleetctl-include: model_files
 # fleetctl-include: model_link
 # One link of `fleetctl models sync`'s pipelined chain, run on each host by `python -c` (stream_main).
@@ -27,29 +26,33 @@ PROGRESS_EVERY = 0.5
 
 
 class Upstream(object):
-    """Frames from stdin; an upstream silent for `stall` seconds counts as lost."""
+    """Frames from stdin, each read straight into a buffer of its own (header and payload, as it will
+    be forwarded); an upstream silent for `stall` seconds counts as lost."""
 
     def __init__(self, stall):
-        self.fd, self.stall, self.buf = sys.stdin.fileno(), stall, bytearray()
+        self.fd, self.stall = sys.stdin.fileno(), stall
+        widen_pipe(self.fd)
 
-    def exact(self, n):
-        while len(self.buf) < n:
+    def fill(self, view):
+        got = 0
+        while got < len(view):
             ready, _, _ = select.select([self.fd], [], [], self.stall)
             if not ready:
                 raise EOFError("upstream stalled for %ss" % self.stall)
-            chunk = os.read(self.fd, max(n - len(self.buf), 1 << 20))
-            if not chunk:
+            n = os.readv(self.fd, [view[got:]])
+            if not n:
                 raise EOFError("upstream closed the stream")
-            self.buf += chunk
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+            got += n
 
     def frames(self):
+        head = bytearray(5)
         while True:
-            kind = self.exact(1)
-            size = struct.unpack(">I", self.exact(4))[0]
-            yield kind, self.exact(size)
+            self.fill(memoryview(head))
+            kind, size = bytes(head[:1]), struct.unpack(">I", bytes(head[1:]))[0]
+            raw = bytearray(5 + size)
+            raw[:5] = head
+            self.fill(memoryview(raw)[5:])
+            yield kind, raw
             if kind == ZEND:
                 return
 
@@ -66,19 +69,24 @@ def controller_gone():
 
 
 def file_frames(src, files, indices, watch=False):
+    """(kind, frame) of each file named by ``indices``, its blocks read straight into their frames."""
     for i in indices:
         rel = safe_rel(files[i][0])
-        yield FILE, str(i).encode()
-        with open(os.path.join(src, rel), "rb") as handle:
+        yield FILE, frame(FILE, str(i).encode())
+        with open(os.path.join(src, rel), "rb", buffering=0) as handle:
             while True:
-                block = handle.read(FRAME)
-                if not block:
+                raw = bytearray(5 + FRAME)
+                n = handle.readinto(memoryview(raw)[5:])
+                if not n:
                     break
+                if n < FRAME:
+                    del raw[5 + n:]
+                raw[:5] = DATA + struct.pack(">I", n)
                 if watch and controller_gone():
                     raise EOFError("the controller went away")
-                yield DATA, block
-        yield END, b""
-    yield ZEND, b""
+                yield DATA, raw
+        yield END, frame(END, b"")
+    yield ZEND, frame(ZEND, b"")
 
 
 class Landing(object):
@@ -197,9 +205,10 @@ class Node(object):
             return os.path.join(staging_of(self.dest), rel)
         return os.path.join(hf_dirs(self.dest)[1] if self.hf else self.dest, rel)
 
-    def on_frame(self, kind, payload):
+    def on_frame(self, kind, raw):
+        payload = memoryview(raw)[5:]
         if kind == FILE:
-            self.cur = int(payload)
+            self.cur = int(bytes(payload))
             if self.cur in self.own and not self.errors_full():
                 rel, size, sha = self.files[self.cur]
                 self.landing = Landing(self.dest, self.cur, safe_rel(rel), size, sha)
@@ -270,20 +279,31 @@ def run_node(plan, node, out):
     else:
         frames = Upstream(stall).frames()
     sent = 0
+    lander = Lander(node.on_frame, node.errors.append) if node.own else None
+    cur = -1
     try:
-        for kind, payload in frames:
-            node.on_frame(kind, payload)
+        for kind, raw in frames:
+            if lander is not None:
+                lander.put(kind, raw)  # landed beside the forwarding, in order
+            else:
+                node.on_frame(kind, raw)
             if kind == ZEND:
                 break
+            if kind == FILE:
+                cur = int(bytes(raw[5:]))
             for branch in branches:
-                sent += branch.forward(kind, payload, node.cur)
+                sent += branch.forward(kind, raw, cur)
     except EOFError as exc:  # upstream lost: nothing half-written stays; the branches see EOF too
+        if lander is not None:
+            lander.close()
         if node.landing is not None:
             node.landing.abandon()
         for branch in branches:
             branch.close()
         out.event("lost", host=node.me, why=str(exc))
         return 1
+    if lander is not None:
+        lander.close()  # every file landed: the catch-up below reads them from this disk
     for branch in branches:
         sent += branch.catch_up(node.local_path)
         branch.end()
@@ -299,9 +319,8 @@ def feed(plan):
     """The source side of a controller relay: frames only, on stdout."""
     write = sys.stdout.buffer.write
     write(MAGIC)
-    for kind, payload in file_frames(plan["src"], plan["files"], plan["send"], watch=True):
-        write(kind + struct.pack(">I", len(payload)))
-        write(payload)
+    for _, raw in file_frames(plan["src"], plan["files"], plan["send"], watch=True):
+        write(raw)
     sys.stdout.buffer.flush()
     return 0
 

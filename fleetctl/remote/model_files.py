@@ -1,10 +1,12 @@
-# fleetctl-include: model_manifest
+# fleetctl-include: model_host
 # fleetctl-include: model_old_staging
 # The files of one model revision on a host, for `fleetctl models sync`.
 #
 # Stdlib only, Python >= 3.8. Agent entry point main(params):
-#   {"action": "manifest", "path": dir}: the source's manifest (model_manifest's format): the one
-#     kept in the folder when it still describes the files there by name and size, else built (hashed).
+#   {"action": "manifest", "path": dir, "cache_dir"?}: the source's manifest (model_manifest's format):
+#     the one kept in the folder when it still describes the files there by name and size, else built:
+#     each file hashed, unless the host's verified-hash store (model_host.HashStore, in cache_dir)
+#     holds its hash from a time its size, mtime, inode and ctime were those it has now.
 #   {"action": "check", "dest": dir, "files": [[rel, size, sha256]], "manifest_name": name}:
 #     whether dest holds exactly this model (its manifest names these files and each is at its size),
 #     which files a sync must still send (those not yet landed and verified in the staging folder),
@@ -44,9 +46,9 @@ def safe_rel(rel):
     return norm
 
 
-def source_manifest(path):
+def source_manifest(path, cache_dir=None):
     """The folder's manifest: the kept one while every file it names is there at its size and no
-    other file is (a cheap check; the full hash is `models verify --full`), else hashed now."""
+    other file is (a cheap check; the full hash is `models verify --full`), else built now."""
     folder = os.path.normpath(path)
     if not os.path.isdir(folder):
         return {"error": "%s is not a folder" % folder}
@@ -57,7 +59,20 @@ def source_manifest(path):
             return {"manifest": doc, "kept": True}
     except ValueError:
         pass
-    return {"manifest": build_from_folder(folder), "kept": False}
+    if not cache_dir:
+        return {"manifest": build_from_folder(folder), "kept": False}
+    store = HashStore(cache_dir, os.path.realpath(folder))
+    doc = build_from_folder(folder, hash_of=lambda path: stored_hash(store, path))
+    store.save()
+    return {"manifest": doc, "kept": False}
+
+
+def stored_hash(store, path):
+    """A file's sha256: the store's while the file is as it was when hashed, else hashed (and kept)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    known = store.known(real, st)
+    return known[0] if known else store.hash(real, st)[0]
 
 
 def size_of(path):
@@ -368,7 +383,7 @@ def main(params):
     if action == "manifest" and params.get("layout") == "hf_cache":
         return hf_source_manifest(params["cache"], params["repo"], params["revision"])
     if action == "manifest":
-        return source_manifest(params["path"])
+        return source_manifest(params["path"], params.get("cache_dir"))
     if action == "check" and params.get("layout") == "hf_cache":
         return hf_check(params)
     if action == "check":

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import select
 import struct
 import subprocess
@@ -19,10 +20,56 @@ EVENT = b"@@FLEETCTL-EV "
 FILE, DATA, END, ZEND = b"F", b"D", b"E", b"Z"
 FRAME = 1 << 20
 BEAT = 1.0  # seconds: a blocked sender says so this often, so the hosts before it keep waiting
+PIPE_SIZE = 1 << 20  # the pipes on each side of a node hold a whole frame: one wakeup per frame, not 16
+F_SETPIPE_SZ = 1031
+LAND_DEPTH = 32  # frames (MB) a node may hold for its own disk while it keeps forwarding
+HOLD_PROGRESS = 0.25  # seconds a hop holds its branch's progress lines to send them on in one write
 
 
 def frame(kind, payload):
     return kind + struct.pack(">I", len(payload)) + payload
+
+
+def widen_pipe(fd):
+    """A pipe of PIPE_SIZE (Linux; the system's pipe-max-size caps it; elsewhere, or not a pipe: as is)."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+    except (IOError, OSError, ValueError):
+        pass
+
+
+class Lander(object):
+    """A node's own landing (write + sha256 of each frame) in a thread of its own, behind a bounded
+    queue: a disk write that blocks a moment does not hold up the hosts behind this one (the file
+    write and the hash release the GIL, so both run beside the forwarding). Frames land in order."""
+
+    def __init__(self, handle, failed):
+        self.handle, self.failed = handle, failed
+        self.queue = queue.Queue(LAND_DEPTH)
+        self.thread = threading.Thread(target=self.loop)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def put(self, kind, raw):
+        self.queue.put((kind, raw))
+
+    def loop(self):
+        broken = False
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if broken:
+                continue  # keep taking frames: the forwarding never waits on a dead lander
+            try:
+                self.handle(*item)
+            except Exception as exc:  # noqa - said in the host's done line, the chain goes on
+                self.failed("landing: %s: %s" % (type(exc).__name__, exc))
+                broken = True
+
+    def close(self):
+        self.queue.put(None)
+        self.thread.join()
 
 
 class Out(object):
@@ -95,6 +142,7 @@ class Branch(object):
         if key and argv[:1] == ["ssh"]:
             argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", key]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        widen_pipe(proc.stdin.fileno())
         child = dict(self.plan, role="node", host=entry["host"], cache_dir=entry.get("cache_dir"),
                      branches=[rest] if rest else [])
         body = json.dumps(child).encode("utf-8")
@@ -160,22 +208,41 @@ class Branch(object):
             pass
 
     def pass_up(self, lines):
+        """Relay the branch's event lines upstream. Progress lines are held up to HOLD_PROGRESS seconds
+        (the latest per host) and sent on together: every host's progress crosses every hop before it,
+        so one write per line would cost each hop N writes and wakeups a second, the chain N squared."""
+        held, since = {}, 0.0
         while True:
             try:
-                line = lines.readline(None)
-            except (Cut, OSError):
-                return
+                line = lines.readline(max(0.0, since + HOLD_PROGRESS - time.time()) if held else None)
+            except Cut:  # held long enough
+                self.out.line(b"".join(held.values()))
+                held = {}
+                continue
+            except OSError:
+                line = None
             if line is None:
+                if held:
+                    self.out.line(b"".join(held.values()))
                 return
-            ev = parse_event(line)
-            if ev is not None and ev.get("ev") == "blocked":
-                if ev.get("host") == self.host:  # the next host waits on its own next one
-                    self.child_blocked = time.time()
-            elif ev is not None:
-                self.out.line(line)
+            if line.startswith(EVENT) and line.endswith(b'"ev": "progress"}\n'):
+                if not held:
+                    since = time.time()
+                held[line.split(b', "bytes"', 1)[0]] = line
+                continue
+            if b'"blocked"' in line:
+                ev = parse_event(line)
+                if ev is not None and ev.get("ev") == "blocked":
+                    if ev.get("host") == self.host:  # the next host waits on its own next one
+                        self.child_blocked = time.time()
+                    continue
+            if line.startswith(EVENT):  # in order: the progress held so far, then this line
+                self.out.line(b"".join(held.values()) + line)
+                held = {}
 
-    def forward(self, kind, payload, cur):
-        """Send one frame on if this branch's subtree needs it; the bytes sent."""
+    def forward(self, kind, raw, cur):
+        """Send one frame (``raw``: as it came, header and payload) on if this branch's subtree needs it;
+        the bytes sent."""
         if self.proc is None:
             return 0
         if kind == FILE:
@@ -183,7 +250,7 @@ class Branch(object):
         if not self.forwarding:
             return 0
         try:
-            return self.send(frame(kind, payload))
+            return self.send(raw)
         except Cut as exc:
             self.cut(str(exc), cur)
             return 0

@@ -104,16 +104,16 @@ def new_manifest(name, revision, layout, files, repo=None):
     return doc
 
 
-def build_from_folder(folder, name=None, revision=None):
-    """The manifest of a plain folder, every file hashed. ``revision``: a label the spec gives; the
-    content id (sha256 over the file list) when none."""
+def build_from_folder(folder, name=None, revision=None, hash_of=sha256_file):
+    """The manifest of a plain folder, every file hashed (``hash_of``: a hash store may know some).
+    ``revision``: a label the spec gives; the content id (sha256 over the file list) when none."""
     folder = os.path.abspath(folder)
     files = []
     for rel in model_files(folder):
         path = os.path.join(folder, rel)
         if os.path.islink(path) and not os.path.isfile(path):
             raise ManifestError("%s: a symlink to nothing" % path)
-        files.append({"path": rel, "size": os.path.getsize(path), "sha256": sha256_file(path)})
+        files.append({"path": rel, "size": os.path.getsize(path), "sha256": hash_of(path)})
     return new_manifest(name or os.path.basename(folder), revision or content_id(files), "folder", files)
 
 
