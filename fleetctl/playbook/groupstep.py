@@ -30,13 +30,14 @@ def in_step(runner: Runner, play: Play, task: Task, hosts: list[str], fn: RunOne
     """``fn`` (one host's task) and ``hosts``, rank 0 first, sharing one GroupSync for the task; as
     they were when the task is no such module, or the play names no group var."""
     var = play.model.serial_group_var
-    if (task.module.name not in IN_STEP or not var or task.options.run_once or task.options.delegate_to
-            or runner.options.check):
+    if task.module.name not in IN_STEP or not var or task.options.run_once or task.options.delegate_to:
         return fn, hosts
     from fleetctl.release.nodegroups import annotate
 
     contexts = runner.fleet.contexts
-    annotate({h: contexts[h] for h in hosts}, runner.fleet.inventory.hosts, var)
+    annotate({h: contexts[h] for h in hosts}, runner.fleet.inventory.hosts, var)  # --check plans by them too
+    if runner.options.check:  # nothing stops: nobody waits
+        return fn, hosts
     sync = GroupSync.for_hosts(contexts, hosts, threads=runner.fleet.settings.forks)
     if not sync.group:
         return fn, hosts
