@@ -136,6 +136,34 @@ def test_a_rank_stops_only_after_rank_0_drained(gg: dict[str, Any], capsys: pyte
     assert workers(lab, url) == ["lab1", "lab3"]
 
 
+def test_a_playbook_service_task_stops_rank_1_only_after_rank_0_drained(
+        gg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """The same hold through a playbook: a play grouped by ``serial_group_var`` whose ``service``
+    task restarts the group moves it in step as ``service restart`` does (playbook/groupstep.py)."""
+    lab, url = gg["lab"], gg["url"]
+    before = pids(gg, capsys)
+    streaming, got = held_on_rank_0(gg)
+    short = user_inventory(lab, gg["folder"] / "short-play.yml", "root", {h: {
+        "mn": GROUPS[h], "router_url": url, "router_drain_timeout": 6} for h in HOSTS})
+    book = gg["folder"] / "restart.yml"
+    book.write_text(yaml.safe_dump([{"name": "restart", "hosts": "lab1,lab2", "serial_group_var": "mn",
+                                     "tasks": [{"name": "restart", "service": "restarted"}]}], sort_keys=False))
+    r = run_cli(capsys, "-i", str(short), "run", str(book), "--json")
+    assert r.rc == 2, r.out + r.err
+    said = {h: (e[-1]["status"], e[-1]["msg"]) for h, e in r.json()["results"].items()}
+    assert said["lab1"][0] == "failed" and "drain deadline: 1 requests still in flight" in said["lab1"][1], said
+    assert said["lab2"][0] == "failed" and said["lab2"][1].startswith(
+        "rank 0 (lab1) was not drained (drain deadline"), said
+    assert streaming.is_alive()  # nothing cut it
+    assert pids(gg, capsys) == before  # neither server was touched
+    lab.ssh("lab1", f"touch {HOLD}")
+    streaming.join(timeout=300)
+    assert got == [(100, "")]
+    back = run_cli(capsys, "-i", str(gg["inv"]), "-l", "lab1,lab2", "service", "restart", "-y")
+    assert back.rc == 0, back.out + back.err
+    assert workers(lab, url) == ["lab1", "lab3"]
+
+
 def test_under_streaming_load_a_group_restarts_and_returns_from_a_failed_rank_losing_nothing(
         gg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """Constant streaming load through the gateway: the group restarts (rank 1 stops only after rank

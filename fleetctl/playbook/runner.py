@@ -26,6 +26,7 @@ from fleetctl.playbook import (
     approval,
     blocks,
     capacity,
+    groupstep,
     handlers,
     outcome,
     releases,
@@ -289,7 +290,9 @@ class Runner(TaskRunner):
         self.emit("task_start", play=play.index, task=task.index, name=task.name, module=task.module.name,
                   hosts=hosts, batch=b + 1, delegate_to=task.options.delegate_to, run_once=task.options.run_once)
         on = hosts[:1] if task.options.run_once else hosts
-        results, stuck = capacity.run_hosts(self, task, partial(self.run_task, play, task, batch=batch), on)
+        fn, order = groupstep.in_step(self, play, task, on, partial(self.run_task, play, task, batch=batch))
+        results, stuck = capacity.run_hosts(self, task, fn, order)
+        results = {h: results[h] for h in on if h in results}
         if task.options.run_once and results:
             results = dict.fromkeys(hosts, results[on[0]])
         failed = []

@@ -122,18 +122,13 @@ def reachable_contexts(fleet: Fleet, names: list[str]) -> list[HostContext]:
 def _journaled(journal: Journal, ctx: HostContext, *, fn: Callable[[HostContext], T], batch: int, command: str,
                refused: dict[str, HostResult[Any]]) -> T:
     journal.event("task_start", play=0, batch=batch, host=ctx.name, name=command, started=time.time())
-    sync = group_sync.of(ctx)
-    try:
+
+    def change() -> T:
         if ctx.name in refused:  # another run holds it (or it failed when the run took it): not touched
             raise HostError(ctx.name, refused[ctx.name].reason or "not taken by this run")
-        value = fn(ctx)
-    except Exception as exc:
-        if sync is not None:
-            sync.finish(ctx.name, False, str(getattr(exc, "reason", None) or exc))
-        raise
-    if sync is not None:
-        sync.finish(ctx.name, *group_sync.verdict(value))
-    return value
+        return fn(ctx)
+
+    return group_sync.ending(group_sync.of(ctx), ctx.name, change)
 
 
 def skipped_results(run: BatchedRun) -> dict[str, HostResult[Any]]:

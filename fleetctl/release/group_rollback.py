@@ -22,7 +22,7 @@ from typing import Any
 
 from fleetctl.errors import InputError
 from fleetctl.release.gates import GateResult
-from fleetctl.release.group_sync import GroupSync, verdict
+from fleetctl.release.group_sync import GroupSync, ending, verdict
 from fleetctl.release.nodegroups import rank_of
 from fleetctl.transport.base import HostResult, Status
 from fleetctl.transport.fleet import Fleet, HostContext
@@ -82,13 +82,7 @@ def return_peers(fleet: Fleet, results: Results, var: str, back_to: Callable[[An
 
     def go(ctx: HostContext) -> Any:
         ctx.node_sync = sync
-        try:
-            done = back(ctx, str(target[ctx.name]))
-        except Exception as exc:
-            sync.finish(ctx.name, False, str(getattr(exc, "reason", None) or exc))
-            raise
-        sync.finish(ctx.name, *verdict(done))
-        return done
+        return ending(sync, ctx.name, lambda: back(ctx, str(target[ctx.name])))
 
     went = fleet.map(go, names=sorted(going, key=lambda h: sync.rank.get(h, 0)))
     for host, line in why.items():

@@ -17,11 +17,13 @@ A group is the hosts sharing ``dist_init_addr`` (``nodegroups.node_vars``); rank
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetctl.errors import HostError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -117,6 +119,21 @@ def of(session: Any) -> GroupSync | None:
     """The batch's GroupSync a host's context carries (``HostContext.node_sync``), if any."""
     sync = getattr(session, "node_sync", None)
     return sync if isinstance(sync, GroupSync) else None
+
+
+def ending(sync: GroupSync | None, host: str, change: Callable[[], T],
+           judge: Callable[[T], tuple[bool, str]] | None = None) -> T:
+    """``change()`` of ``host``; its end, however it ends, said to ``sync`` (``finish``; ``judge``,
+    default ``verdict``: ok or why not), so that no other node of its group waits on it."""
+    if sync is None:
+        return change()
+    try:
+        value = change()
+    except Exception as exc:
+        sync.finish(host, False, str(getattr(exc, "reason", None) or exc))
+        raise
+    sync.finish(host, *(judge or verdict)(value))
+    return value
 
 
 def verdict(value: Any) -> tuple[bool, str]:

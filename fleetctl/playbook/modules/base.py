@@ -113,6 +113,7 @@ class RunServices:
             view = self._as[key]
         view.vars = base.vars
         view.peers = base.peers  # the batch's baseline hosts (a live canary), set on the plain session
+        view.node_sync = base.node_sync  # a release/service task's groups in step (playbook/groupstep.py)
         return view
 
     def close(self) -> None:
