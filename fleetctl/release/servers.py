@@ -82,7 +82,8 @@ def healthy_all(session: HostSession, layout: HostLayout, names: list[str | None
     gates = []
     for name in names:
         stored = session.call("service_host", control(layout, "status", name))
-        health = Health(path=health_path or str(stored.get("health_path") or "/health"), timeout=timeout)
+        health = Health(path=health_path or str(stored.get("health_path") or "/health"), timeout=timeout,
+                        interval=float(stored.get("health_interval") or 1.0))
         gate = wait_healthy(session, health, layout, int(stored.get("port") or 30000), name)
         gates.append(gate if not name else GateResult(f"{name}: {gate.name}", gate.ok, gate.detail, gate.seconds))
     return gates

@@ -241,7 +241,10 @@ def stored_params(spec: ReleaseSpec, layout: HostLayout, inst: ServerInstance | 
             "user": svc.user, "manager": None if svc.manager == "auto" else svc.manager,
             **({"models": {m.role: m.to_dict() for m in spec.models}} if spec.models else {}),
             # rollback and service, which take no spec, group a multi-node server's hosts by it
-            **({"node_group": svc.node_group} if svc.node_group else {})}
+            **({"node_group": svc.node_group} if svc.node_group else {}),
+            # service start|restart poll /health as the deploy did (kept only when not the default, so a
+            # release deployed before this field stays unchanged: no reconfigure)
+            **({"health_interval": health.interval} if health.interval != 1.0 else {})}
 
 
 def control(layout: HostLayout, op: str, instance: str | None = None) -> dict[str, object]:

@@ -104,7 +104,7 @@ def status(params):
 
 def stored_fields(params):
     """What the release recorded for this server (its port, health path, argv), for status and gates."""
-    return {k: params.get(k) for k in ("release_id", "instance", "port", "health_path", "command")
+    return {k: params.get(k) for k in ("release_id", "instance", "port", "health_path", "health_interval", "command")
             if params.get(k) is not None}
 
 
