@@ -121,16 +121,16 @@ def markdown(doc: dict[str, Any]) -> str:
         for count, entry in sizes.items():
             n = int(count)
             for tool, t in entry["tools"].items():
+                load = _load(t.get("load_before", entry["load_before"]))  # a row measured by a later --tools run
                 if not t["wall_s"]:
                     why = t.get("failed", "").replace("|", "/").replace("\n", " ")
-                    out.append(f"| {n} | {tool} | failed: {why[:160]} | | | | "
-                               f"{_load(entry['load_before'])} |")
+                    out.append(f"| {n} | {tool} | failed: {why[:400]} | | | | {load} |")
                     continue
-                runs = entry.get("runs", doc["runs"])
+                runs = t.get("runs", entry.get("runs", doc["runs"]))
                 wall = t["wall_s"]
                 out.append(f"| {n} ({runs} runs) | {tool} | {med(wall):.2f} ({min(wall):.2f}-{max(wall):.2f})"
                            f" | {per_host(t, 'cpu_s', n, 1000):.1f} | {per_host(t, 'rss_kb', n, 1):.0f}"
-                           f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {_load(entry['load_before'])} |")
+                           f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {load} |")
         out += ["", f"Fitted over {', '.join(sizes)} hosts (least squares, total = fixed + per host x N; the "
                 "wall time is left out: on this shared machine it moves with the load):", "",
                 *constants(sizes), ""]
