@@ -76,11 +76,11 @@ def test_connections_offer_aes_gcm_first_and_keep_paramikos_set() -> None:
 
     import paramiko
 
-    from fleetctl.transport import ssh
+    from fleetctl.transport.paramiko_transport import make_transport
 
     left, right = socket.socketpair()
     try:
-        offered = ssh._transport(left).get_security_options().ciphers
+        offered = make_transport(left).get_security_options().ciphers
         assert offered[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
         assert sorted(offered) == sorted(paramiko.Transport(right).get_security_options().ciphers)
     finally:

@@ -37,49 +37,21 @@ def _tried(target: SSHTarget) -> str:
     return ", ".join(ways) or "no key"
 
 
-# AES-GCM first (as OpenSSH orders them after chacha20): one pass, no separate HMAC; paramiko
-# lists it last. Measured on the lab (400 MB through one channel): 2.5 s of controller CPU with
-# aes128-ctr + hmac-sha2-256, 2.0 s with aes128-gcm. Servers without it get paramiko's own order.
-GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 # Bulk streams (the overlay's tar): the server may send packets up to 256 KB into a 16 MB window
 # (paramiko's defaults, 32 KB and 2 MB, cost a Python round per 32 KB): 1.4 s instead of 2.0 s.
 STREAM_WINDOW, STREAM_PACKET = 16 << 20, (256 << 10) - 1024
 
 
-# How often a connection's paramiko thread wakes while nothing arrives (paramiko's own: 0.1 s).
-# Every wake-up takes the GIL from the threads at work, and a run's connections stay open until
-# its end, so the wake-ups grew as hosts x the run's length: at 1,000 fresh hosts (a 30 s run) ~10 ms
-# of controller CPU per host, the rise from 8.6 to 15.2 ms/host measured from 200 to 1,000 hosts.
-# What arrives is read at once all the same; the timeout only bounds how late the thread of a
-# closed connection notices it, the handshake and banner timeouts' grain and a keepalive's delay.
-IDLE_WAKEUP_S = 1.0
-
-
-def _transport(sock: Any, handshake_timeout: float | None = None, **kwargs: Any) -> Any:
-    """paramiko's Transport with AES-GCM first, the idle wake-up above and the key exchange
-    bounded by ``handshake_timeout`` (the connect timeout) instead of paramiko's fixed 15 s: on a
-    controller starting 1,000 handshakes at once a key exchange can wait longer than that for CPU,
-    and the host was then lost though the user allowed more."""
-    import paramiko
-
-    transport = paramiko.Transport(sock, **kwargs)
-    transport.sock.settimeout(IDLE_WAKEUP_S)  # before its thread starts: the handshake's waits too
-    if handshake_timeout is not None:
-        transport.handshake_timeout = handshake_timeout
-    options = transport.get_security_options()
-    options.ciphers = (*[c for c in GCM_FIRST if c in options.ciphers],
-                       *[c for c in options.ciphers if c not in GCM_FIRST])
-    return transport
-
-
 def _connection(host: str, target: SSHTarget) -> Any:
     from fabric import Config, Connection
+
+    from fleetctl.transport.paramiko_transport import make_transport
 
     gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
     kwargs: dict[str, Any] = {
         "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
         "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent,
-        "transport_factory": functools.partial(_transport, handshake_timeout=target.connect_timeout),
+        "transport_factory": functools.partial(make_transport, handshake_timeout=target.connect_timeout),
         **client_keys.auth_kwargs(target.key_files, target.passphrase if target.passphrase is not None
                                   else target.password),
     }
