@@ -233,11 +233,14 @@ def measure_size(size: Size, wanted: list[str], runs: int, meter: Any, doc: dict
         finally:
             size.stop_kept()
         entry = doc["results"].setdefault(job, {}).setdefault(str(size.count), {})
-        entry["load_before"] = [round(x, 2) for x in load]
-        entry["load_after"] = [round(x, 2) for x in os.getloadavg()]
-        entry["runs"] = runs
-        entry["command"] = doc["command"]
-        entry["tools"] = {name: vars(m) for name, m in got.items()}
+        stamp = {"load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()],
+                 "runs": runs, "command": doc["command"]}
+        measured = {name: {**vars(m), **stamp} for name, m in got.items()}
+        if Size.only and "tools" in entry:  # --tools: these rows replaced, the job's other tools kept
+            entry["tools"].update(measured)
+        else:
+            entry.update(stamp)
+            entry["tools"] = measured
         took = time.monotonic() - t0
         print(f"  {size.count} hosts, {job}: {took:.1f}s "
               + ", ".join(f"{n} {report.med(m.wall_s):.2f}s" for n, m in got.items() if m.wall_s), flush=True)

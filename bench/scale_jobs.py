@@ -75,10 +75,33 @@ def command(argv: list[str], check: Check, env: dict[str, str] | None = None,
             stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
         why = check(rc, stdout + "\n" + stderr if with_stderr else stdout)
         if why:
-            raise BenchError(f"{shlex.join(argv)[:300]}: {why}; stderr: {stderr[-1500:]}; stdout: {stdout[-800:]}")
+            hosts = host_failures(stdout)
+            raise BenchError(f"{shlex.join(argv)[:300]}: {why}; " + (hosts or f"stderr: {stderr[-1500:]}; "
+                                                                       f"stdout: {stdout[-800:]}"))
         return Sample(took, cpu + (helper_cpu - cpu0 if server else 0.0), rss + helper_rss)
 
     return run
+
+
+def host_failures(stdout: str) -> str:
+    """The hosts a fleetctl --json answer has not ok, grouped by reason (a host's address and
+    name taken out, so alike reasons count together), with up to 5 hosts of each: "" when none."""
+    import json
+    import re
+    from collections import defaultdict
+
+    try:
+        hosts = json.loads(stdout)["hosts"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    rows = hosts.items() if isinstance(hosts, dict) else ((h.get("host"), h) for h in hosts)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name, row in rows:
+        if isinstance(row, dict) and row.get("status") not in ("ok", None):
+            reason = re.sub(r"\b\d+\.\d+\.\d+\.\d+\b", "ADDR", str(row.get("reason") or row.get("status")))
+            groups[f"{row.get('status')}: {reason}"].append(str(name))
+    return "; ".join(f"{len(names)} hosts {why} ({', '.join(names[:5])})"
+                     for why, names in sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
 
 def fan_out(argvs: list[list[str]], script: Path, expect: Callable[[int, str], bool],

@@ -40,7 +40,8 @@ HOST_VARS: tuple[HostVar, ...] = (
             CONNECTION, ("ansible_ssh_pass", "ansible_ssh_password")),
     HostVar("ansible_python_interpreter", "path", "the host's `venv` python, else `python3`",
             "Interpreter of the agent fleetctl starts on the host.", CONNECTION),
-    HostVar("ansible_timeout", "seconds", "10", "Connect timeout (TCP connect and SSH banner).", CONNECTION,
+    HostVar("ansible_timeout", "seconds", "10",
+            "Connect timeout (TCP connect, SSH banner, key exchange and login, each).", CONNECTION,
             ("ansible_ssh_timeout",)),
     HostVar("ansible_ssh_common_args", "string", "unset", "`-J`/`-o ProxyJump=`/`-o ProxyCommand=` (bastions) "
             "and `-o ServerAliveInterval=`/`ServerAliveCountMax=`; other options are named as ignored.",

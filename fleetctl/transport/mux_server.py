@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from fleetctl.transport.ssh import SSHConnector, SSHTarget
 
 log = logging.getLogger("fleetctl.mux")
-IDLE_WAKEUP_S = 1.0  # how often a kept connection's paramiko thread wakes while idle (its default: 0.1 s)
 
 
 def file_key(path: str | None) -> list[Any]:
@@ -72,7 +71,6 @@ class KeptHost:
 
         self.host = host
         self.connector: SSHConnector = SSHConnector(host, target)
-        self.connector.wake_rarely(IDLE_WAKEUP_S)
         self.main: AgentClient = AgentClient(host, self.connector, interpreters)
         self.others: dict[str, AgentClient | None] = {}  # python -> its agent (None: it would not start)
         self.lock = threading.Lock()  # guards ``others``

@@ -9,6 +9,7 @@ become, commands and the agent start under sudo (``transport/become.py``).
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import threading
@@ -36,32 +37,21 @@ def _tried(target: SSHTarget) -> str:
     return ", ".join(ways) or "no key"
 
 
-# AES-GCM first (as OpenSSH orders them after chacha20): one pass, no separate HMAC; paramiko
-# lists it last. Measured on the lab (400 MB through one channel): 2.5 s of controller CPU with
-# aes128-ctr + hmac-sha2-256, 2.0 s with aes128-gcm. Servers without it get paramiko's own order.
-GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 # Bulk streams (the overlay's tar): the server may send packets up to 256 KB into a 16 MB window
 # (paramiko's defaults, 32 KB and 2 MB, cost a Python round per 32 KB): 1.4 s instead of 2.0 s.
 STREAM_WINDOW, STREAM_PACKET = 16 << 20, (256 << 10) - 1024
 
 
-def _transport(sock: Any, **kwargs: Any) -> Any:
-    import paramiko
-
-    transport = paramiko.Transport(sock, **kwargs)
-    options = transport.get_security_options()
-    options.ciphers = (*[c for c in GCM_FIRST if c in options.ciphers],
-                       *[c for c in options.ciphers if c not in GCM_FIRST])
-    return transport
-
-
 def _connection(host: str, target: SSHTarget) -> Any:
     from fabric import Config, Connection
+
+    from fleetctl.transport.paramiko_transport import make_transport
 
     gateway: Any = _connection(host, target.jump) if target.jump else target.proxy_command
     kwargs: dict[str, Any] = {
         "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout,
-        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent, "transport_factory": _transport,
+        "look_for_keys": target.look_for_keys, "allow_agent": target.allow_agent,
+        "transport_factory": functools.partial(make_transport, handshake_timeout=target.connect_timeout),
         **client_keys.auth_kwargs(target.key_files, target.passphrase if target.passphrase is not None
                                   else target.password),
     }
@@ -93,6 +83,14 @@ def _hops(conn: Any, target: SSHTarget) -> list[tuple[Any, SSHTarget]]:
     return hops[::-1]
 
 
+def _kex_unfinished(transport: Any) -> bool:
+    """Whether the key exchange ran out of time: paramiko's handshake timer fired (its thread then
+    says EOFError), or the connect's own deadline passed with the exchange still going on (paramiko
+    then says "No existing session")."""
+    timed_out = transport.packetizer.handshake_timed_out()
+    return bool(timed_out or (transport.is_active() and not transport.initial_kex_done))
+
+
 class SSHConnector:
     """Fabric connection to one host, opened on first use."""
 
@@ -101,22 +99,6 @@ class SSHConnector:
         self.target = target
         self._conn: Any = None
         self._lock = threading.Lock()
-        self._idle_wakeup: float | None = None  # None: paramiko's (its thread wakes 10 times a second)
-
-    def wake_rarely(self, seconds: float) -> None:
-        """Let this connection's paramiko thread sleep up to ``seconds`` while nothing arrives, not
-        0.1 s: the kept-connection server holds hundreds of idle connections, and each thread's
-        wake-ups take the GIL from the ones at work (at 200 hosts, a tenth of a core while idle).
-        What arrives is read at once all the same; the timeout only bounds how late the thread of a
-        closed connection notices it."""
-        with self._lock:
-            self._idle_wakeup = seconds
-            self._apply_idle_wakeup()
-
-    def _apply_idle_wakeup(self) -> None:
-        transport = self._conn.client.get_transport() if self._conn is not None else None
-        if self._idle_wakeup is not None and transport is not None and transport.sock is not None:
-            transport.sock.settimeout(self._idle_wakeup)
 
     def prepare(self) -> None:
         """Read what every connection of the run shares (paramiko, known_hosts, key files) ahead of
@@ -139,7 +121,6 @@ class SSHConnector:
                     self._connect(hop_conn, hop, "bastion ")
                 self._connect(conn, self.target)
                 self._conn = conn
-                self._apply_idle_wakeup()
             return self._conn
 
     def _connect(self, conn: Any, target: SSHTarget, role: str = "") -> None:
@@ -177,6 +158,9 @@ class SSHConnector:
                 # session": the port took the connection, but no SSH server ever spoke (a tarpit).
                 why = (f"no SSH banner within {target.connect_timeout:g}s (the port accepts connections, "
                        "but nothing answers)")
+            elif transport is not None and _kex_unfinished(transport):
+                why = (f"the key exchange did not finish within {target.connect_timeout:g}s (the connect "
+                       "timeout, ansible_timeout: the host or this controller too busy to answer in time)")
             conn.close()
             raise ConnectError(self.host, f"cannot connect to {where}: {why}") from None
 
