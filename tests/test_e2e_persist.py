@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -193,10 +194,14 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
     started = f"/tmp/fleetctl-busy-agent-{os.getpid()}-{time.monotonic_ns()}"  # made by the request on lab1
     ended: list[float] = []
 
-    def hold(ctx: Any) -> Any:  # long enough that the ping below starts while it runs, even on a busy machine
-        answer = ctx.call("selftest", {"action": "sleep", "seconds": 6, "started": started})
+    def hold(ctx: Any) -> Any:  # held until the test removes `started` (at most 120 s)
+        answer = ctx.call("selftest", {"action": "sleep", "seconds": 120, "started": started, "until_removed": True})
         ended.append(time.monotonic())
         return answer
+
+    def release_later() -> None:  # once the ping below is under way (it must wait for the hold)
+        time.sleep(3)
+        lab_fleet.ssh("lab1", f"rm -f {started}")
 
     with Fleet(inv, inv.select("lab1"), PERSIST) as fleet, ThreadPoolExecutor(1) as pool:
         # Another command's request runs on lab1's kept agent while the fleet is pinged.
@@ -204,8 +209,11 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
         wait_until(lambda: lab_fleet.ssh("lab1", f"test -e {started}", check=False).returncode == 0,
                    "the other command's request running on lab1's kept agent", timeout=30,
                    alive=lambda: not busy.done() or busy.result())
-        assert not busy.done()  # still running as the ping starts
+        assert not busy.done()  # still running as the ping starts: it ends only when `started` is removed
+        releaser = threading.Thread(target=release_later)
+        releaser.start()
         r = run_cli(capsys, "-i", str(lab_fleet.inventory_path), "--persist", "30", "ping", "--json")
+        releaser.join()
         pinged = time.monotonic()
         assert busy.result()["lab1"].ok
     lab_fleet.ssh("lab1", f"rm -f {started}")

@@ -14,7 +14,11 @@ def main(params):
     if action == "sleep":
         if params.get("started"):  # a file made once the request is in the agent: a test sees it busy
             open(params["started"], "w").close()
-        time.sleep(float(params.get("seconds", 1)))
+        deadline = time.time() + float(params.get("seconds", 1))
+        # until_removed: the request also ends as soon as the test removes that file (a hold that no
+        # busy machine can end early or late)
+        while time.time() < deadline and not (params.get("until_removed") and not os.path.exists(params["started"])):
+            time.sleep(min(0.05, max(0.0, deadline - time.time())))
         return {"slept": params.get("seconds")}
     if action == "noise":
         # Stray prints must not corrupt the protocol stream.
