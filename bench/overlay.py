@@ -1,7 +1,8 @@
 """`fleetctl venv overlay` against `rsync -a` over ssh, on a lab of two real sshd hosts.
 
 lab1 holds a venv with the real sglang 0.5.23 wheel installed (123 MB, 6,500 files). Each round
-gives lab2 a fresh venv and copies the site-packages once with each tool (the order alternates):
+gives lab2 a fresh venv and copies the site-packages once with each tool (overlay, a
+``ssh lab1 tar -c | ssh lab2 tar -x`` pipe, rsync) (the order alternates):
 the overlay goes lab1 -> this machine -> lab2 as one compressed stream; rsync runs on lab1 and
 pushes straight to lab2 over ssh (lab1 gets the lab's client key and the pinned known_hosts;
 host keys are checked). Then the overlay runs again with nothing changed. Medians of --runs
@@ -14,6 +15,7 @@ rsync's own --stats for rsync. Starts its own lab and takes it down at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -32,7 +34,7 @@ LAB_DIR = REPO / ".fleetctl" / "bench-overlay-lab"
 BASE = "127.0.92.0"
 WHEELS = REPO / ".cache" / "wheels"
 SGLANG = "0.5.23"
-SRC, DST, RS_DST = "/root/ov-src", "/root/ov-dst", "/root/rs-dst"
+SRC, DST, RS_DST, TAR_DST = "/root/ov-src", "/root/ov-dst", "/root/rs-dst", "/root/tar-dst"
 SITE = "lib/python3.11/site-packages"
 # Runs the CLI in a child process that counts the bytes its SSH transports write and read.
 COUNTING_CLI = """
@@ -67,12 +69,17 @@ class Bench:
         self.runs = runs
         self.paths = LabPaths(LAB_DIR)
         self.addr: dict[str, str] = {}
+        self.cpu: list[float] = []  # controller CPU s of each fresh overlay
+        self.apply_s: list[float] = []  # the target's apply time of each fresh overlay
+        self.plan_s: list[float] = []  # --dry-run: listing both sides and planning, before any byte moves
 
-    def ssh(self, host: str, command: str) -> subprocess.CompletedProcess[str]:
-        opts = ["-F", "/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
+    def ssh_opts(self) -> list[str]:
+        return ["-F", "/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
                 f"UserKnownHostsFile={self.paths.known_hosts}", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
                 "-i", str(self.paths.client_key)]
-        proc = sh(["ssh", *opts, f"root@{self.addr[host]}", command], check=False)
+
+    def ssh(self, host: str, command: str) -> subprocess.CompletedProcess[str]:
+        proc = sh(["ssh", *self.ssh_opts(), f"root@{self.addr[host]}", command], check=False)
         if proc.returncode != 0:
             raise SystemExit(f"{host}: `{command}` exited {proc.returncode}: {proc.stderr[-1000:]}")
         return proc
@@ -100,21 +107,40 @@ class Bench:
                          f"--no-deps --no-index --no-compile --disable-pip-version-check {shlex.quote(str(visible))}")
 
     def fresh_target(self) -> None:
-        self.ssh("lab2", f"rm -rf {DST} {RS_DST} && /usr/bin/python3 -m venv --without-pip {DST} "
-                         f"&& mkdir -p {RS_DST}/{SITE}")
+        self.ssh("lab2", f"rm -rf {DST} {RS_DST} {TAR_DST} && /usr/bin/python3 -m venv --without-pip {DST} "
+                         f"&& mkdir -p {RS_DST}/{SITE} {TAR_DST}/{SITE}")
         sh(["sync"])
         time.sleep(1)  # let the removal's writeback settle before timing
 
-    def overlay(self) -> tuple[float, int]:
+    def overlay(self, *extra: str) -> tuple[float, int]:
         argv = [sys.executable, "-c", COUNTING_CLI, "-i", str(self.paths.inventory), "-l", "lab2", "venv",
-                "overlay", "--from", "lab1", "--venv", SRC, "--to-venv", DST, "--json"]
+                "overlay", "--from", "lab1", "--venv", SRC, "--to-venv", DST, "--json", *extra]
+        before = os.times()
         start = time.monotonic()
         proc = sh(argv, check=False)
         elapsed = time.monotonic() - start
+        after = os.times()
         if proc.returncode != 0:
             raise SystemExit(f"overlay exited {proc.returncode}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
         sent, got = proc.stderr.rsplit("@@BYTES ", 1)[1].split()
+        # controller CPU (the CLI and its ssh children) and the target's own apply time
+        self.cpu.append(after.children_user + after.children_system - before.children_user - before.children_system)
+        applied = [h.get("value", {}).get("applied") for h in json.loads(proc.stdout).get("hosts", {}).values()]
+        if applied and applied[0]:
+            self.apply_s.append(float(applied[0]["seconds"]))
         return elapsed, int(sent) + int(got)
+
+    def tar(self) -> tuple[float, int]:
+        """``ssh lab1 tar -c | ssh lab2 tar -x`` through this machine, the same two hops as the overlay."""
+        ssh = " ".join(shlex.quote(a) for a in ["ssh", *self.ssh_opts()])
+        script = (f"set -o pipefail; {ssh} root@{self.addr['lab1']} 'tar -C {SRC}/{SITE} -cf - .' | "
+                  f"{ssh} root@{self.addr['lab2']} 'tar -C {TAR_DST}/{SITE} -xf -'")
+        start = time.monotonic()
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        elapsed = time.monotonic() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"tar pipe exited {proc.returncode}: {proc.stderr[-1000:]}")
+        return elapsed, 0
 
     def rsync(self) -> tuple[float, int]:
         inner = ("ssh -F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile=/root/.ssh/known_hosts "
@@ -129,37 +155,55 @@ class Bench:
         return elapsed, total
 
     def run(self) -> dict[str, list[tuple[float, int]]]:
-        samples: dict[str, list[tuple[float, int]]] = {"overlay": [], "rsync": [], "overlay re-run": []}
+        samples: dict[str, list[tuple[float, int]]] = {"overlay": [], "tar": [], "rsync": [], "overlay re-run": []}
         for i in range(self.runs):
             self.fresh_target()
-            order = ("overlay", "rsync") if i % 2 == 0 else ("rsync", "overlay")
+            start = time.monotonic()
+            self.overlay("--dry-run")  # listing both sides and planning: the cost before the first byte
+            self.plan_s.append(time.monotonic() - start)
+            self.cpu.pop()
+            order = ("overlay", "tar", "rsync") if i % 2 == 0 else ("rsync", "tar", "overlay")
             for name in order:
-                samples[name].append(self.overlay() if name == "overlay" else self.rsync())
+                samples[name].append(self.overlay() if name == "overlay" else getattr(self, name)())
                 print(f"round {i + 1}: {name} {samples[name][-1][0]:.2f}s", flush=True)
             samples["overlay re-run"].append(self.overlay())
+            self.cpu.pop()
             print(f"round {i + 1}: overlay re-run {samples['overlay re-run'][-1][0]:.2f}s", flush=True)
         return samples
 
+    def profile(self) -> list[str]:
+        med = statistics.median
+        return [
+            "", "Where a fresh overlay's time goes (medians):", "",
+            f"- listing both sides and planning (`--dry-run` on the fresh target, CLI start and SSH connects "
+            f"included): {med(self.plan_s):.2f} s",
+            f"- the target's apply (its `seconds`, from the plan's arrival to the manifest): "
+            f"{med(self.apply_s):.2f} s", f"- controller CPU (CLI + its ssh processes): {med(self.cpu):.2f} s",
+        ]
 
-def report(samples: dict[str, list[tuple[float, int]]], runs: int, load: float) -> str:
+
+def report(samples: dict[str, list[tuple[float, int]]], runs: int, load: float, profile: list[str]) -> str:
     med = {k: (statistics.median(t for t, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
     fresh_t, fresh_b = med["overlay"]
     rows = [f"| {name} | {t:.2f} | {', '.join(f'{s:.2f}' for s, _ in samples[name])} | {b / 1e6:.2f} |"
             for name, (t, b) in med.items()]
     ratio = fresh_t / med["rsync"][0]
+    tar_ratio = fresh_t / med["tar"][0]
     rerun_t, rerun_b = med["overlay re-run"]
     return "\n".join([
         "# venv overlay vs rsync -a (sglang 0.5.23 site-packages: 123 MB, 6,539 files)", "",
         f"Command: `.venv/bin/python bench/overlay.py --runs {runs}` (2-host lab on 127.0.92.x, 2-core machine)",
         "", "| what | median s | runs s | MB on the wire |", "|---|---|---|---|", *rows, "",
-        f"- fresh copy: overlay / rsync = {ratio:.2f}x (target: at most 1.5x)",
+        f"- fresh copy: overlay / rsync = {ratio:.2f}x (target: at most 1.5x); overlay / tar pipe = {tar_ratio:.2f}x "
+        "(target: at most 1.0x)",
         f"- re-run with nothing changed: {rerun_t:.2f} s, {rerun_b / 1e6:.3f} MB = "
         f"{100 * rerun_b / fresh_b:.2f}% of the fresh copy's bytes (targets: under 2 s and 1%)",
         "- overlay bytes: SSH bytes through the controller, both hops (source -> controller -> target), agent",
-        "  start and listings included; rsync bytes: rsync --stats sent + received (one hop, lab1 -> lab2).",
+        "  start and listings included; rsync bytes: rsync --stats sent + received (one hop, lab1 -> lab2);",
+        "  tar: `ssh lab1 tar -c | ssh lab2 tar -x` through this machine (bytes not counted).",
         "- each round starts from a fresh target venv; the order of the two tools alternates between rounds.",
         f"- load average when the bench started: {load:.1f} (the disk is the bottleneck: `cp -a` of the same tree",
-        "  takes 2.6 s here, and single rounds of either tool vary by 3x; compare medians).", "",
+        "  takes 2.6 s here, and single rounds of either tool vary by 3x; compare medians).", *profile, "",
     ])
 
 
@@ -174,7 +218,7 @@ def main() -> int:
         samples = bench.run()
     finally:
         lab_down(LAB_DIR)
-    text = report(samples, args.runs, load)
+    text = report(samples, args.runs, load, bench.profile())
     (REPO / "bench" / "overlay.md").write_text(text)
     print(text)
     return 0

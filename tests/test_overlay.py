@@ -413,3 +413,42 @@ def test_the_target_checks_each_file_against_the_sources_hash_and_caches_it(tmp_
     st = (site / "tiny.py").stat()
     assert json.loads(cached.read_text())[str(site / "tiny.py")] == [st.st_size, st.st_mtime_ns, st.st_ino,
                                                                      sha(good), None]
+
+
+def test_the_source_reads_a_large_binary_once_and_its_record_row_stays(tmp_path: Path) -> None:
+    """A large binary goes from its open file (binary_file); building the RECORD after it must not
+    open and hash the whole file a second time (issue 37: in the full environment most of the 10 GB
+    is such libraries), and its RECORD row is the installed one, as for any file never relocated."""
+    import io
+    import json
+    import subprocess
+    import tarfile
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "pkg").mkdir()
+    (site / "pkg-1.dist-info").mkdir()
+    files = {"pkg/libbig.so": b"\x7fELF\0" + os.urandom(3 << 20), "pkg/__init__.py": b"x = 1\n",
+             "pkg-1.dist-info/METADATA": b"Name: pkg\nVersion: 1\n"}
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+    rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
+    (site / "pkg-1.dist-info" / "RECORD").write_text("\n".join(rows) + "\n")
+    code = shlex.split(stream.stream_command("overlay_source", str(venv / "bin" / "python")))[3]
+    hook = ("import sys\ndef _seen(event, args):\n    if event == 'open' and str(args[0]).endswith('libbig.so'):\n"
+            "        sys.stderr.write('@@OPENED\\n')\nsys.addaudithook(_seen)\n")
+    send = [["pkg-1.dist-info", rel] for rel in files] + [["pkg-1.dist-info", "pkg-1.dist-info/RECORD"]]
+    body = json.dumps({"send": send, "target_prefix": str(venv), "level": 0}).encode()
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", hook + code], input=struct.pack(">I", len(body)) + body,
+                          capture_output=True, check=True)
+    raw, payload = proc.stdout.split(stream.STREAM_MAGIC, 1)[1], bytearray()
+    while (size := struct.unpack(">I", raw[:4])[0]) != 0:
+        payload += raw[4:4 + size]
+        raw = raw[4 + size:]
+    with tarfile.open(fileobj=io.BytesIO(bytes(payload)), mode="r|") as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    big = files["pkg/libbig.so"]
+    assert got["pkg/libbig.so"] == big
+    assert f"pkg/libbig.so,sha256={sha(big)},{len(big)}" in got["pkg-1.dist-info/RECORD"].decode()
+    assert proc.stderr.decode().count("@@OPENED") == 1, proc.stderr.decode()[-2000:]

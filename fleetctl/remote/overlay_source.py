@@ -285,12 +285,13 @@ def stream_main():
         try:
             if handle is not None:
                 item.size = os.fstat(handle.fileno()).st_size
+                dist.moved[rel] = None  # binary, never relocated: RECORD keeps its row, no second read
             else:
                 data, _moved = dist.content(rel)
                 if data is None:
                     raise IOError("%s vanished from the source while sending" % rel)
                 item.size, handle = len(data), io.BytesIO(data)
-            item.mode, mtime = dist.mode(rel)
+            item.mode, mtime = (st.st_mode & 0o7777, st.st_mtime) if st is not None else dist.mode(rel)
             item.mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
             tar.addfile(item, handle)
         finally:
