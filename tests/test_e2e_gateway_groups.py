@@ -164,6 +164,55 @@ def test_a_playbook_service_task_stops_rank_1_only_after_rank_0_drained(
     assert workers(lab, url) == ["lab1", "lab3"]
 
 
+def test_a_play_rolling_back_a_group_stops_rank_1_only_after_rank_0_drained(
+        gg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """A play deploys the group (a ``release`` task), then a task fails on rank 1 while a stream is
+    held on rank 0: ``on_failure: rollback_failed`` takes the group back in step. With a drain
+    deadline shorter than the hold rank 0 cannot drain, so rank 1's server is not touched either
+    (stopping it would cut the stream), and the stream completes in full once let go."""
+    lab, url = gg["lab"], gg["url"]
+    go = "/var/lib/fleetctl/go-fail"  # rank 1's failing task waits for it: the stream is held by then
+    lab.ssh("lab2", f"rm -f {go}")
+    short = user_inventory(lab, gg["folder"] / "short-roll.yml", "root", {h: {
+        "mn": GROUPS[h], "router_url": url, "router_drain_timeout": 6} for h in HOSTS})
+    new = spec(gg["folder"], "D")
+    book = gg["folder"] / "roll.yml"
+    book.write_text(yaml.safe_dump([{
+        "name": "roll", "hosts": "lab1,lab2", "serial_group_var": "mn", "on_failure": "rollback_failed",
+        "max_fail_percentage": 0, "tasks": [{"name": "deploy", "release": str(new)},
+                  {"name": "fail on rank 1", "when": "inventory_hostname == 'lab2'",
+                   "shell": f"while [ ! -e {go} ]; do sleep 0.2; done; exit 1"}]}], sort_keys=False))
+    play = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(short), "run", str(book),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (workers(lab, url) == ["lab1", "lab3"] and current(lab, "lab1") == load_spec(new).release_id
+                   and current(lab, "lab2") == load_spec(new).release_id):
+            assert play.poll() is None, play.communicate()
+            threading.Event().wait(0.5)
+        deployed = pids(gg, capsys)
+        streaming, got = held_on_rank_0(gg)
+        lab.ssh("lab2", f"touch {go}")
+        out, err = play.communicate(timeout=600)
+    finally:
+        if play.poll() is None:
+            play.kill()
+    assert play.returncode == 2, out + err
+    assert streaming.is_alive(), out  # nothing cut it
+    assert pids(gg, capsys) == deployed  # neither server was touched
+    lab.ssh("lab1", f"touch {HOLD}")
+    streaming.join(timeout=300)
+    assert got == [(100, "")]
+    journal = [json.loads(line) for line in Path(json.loads(out)["journal"]).read_text().splitlines()]
+    back_msgs = {e["host"]: (e["status"], e["msg"]) for e in journal if e["event"] == "rollback" and "host" in e}
+    assert set(back_msgs) == {"lab1", "lab2"}, journal
+    assert back_msgs["lab1"][0] == "failed" and "drain deadline: 1 requests still in flight" in back_msgs["lab1"][1]
+    assert back_msgs["lab2"][0] == "failed" and "rank 0 (lab1) was not drained (drain deadline" in back_msgs["lab2"][1]
+    assert workers(lab, url) == ["lab3"]  # rank 0 left out: its group does not serve (docs/guides/deploy.md)
+    back = run_cli(capsys, "-i", str(gg["inv"]), "-l", "lab1,lab2", "deploy", "-y", str(gg["A"]))
+    assert back.rc == 0, back.out + back.err
+    assert workers(lab, url) == ["lab1", "lab3"]
+
+
 def test_under_streaming_load_a_group_restarts_and_returns_from_a_failed_rank_losing_nothing(
         gg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """Constant streaming load through the gateway: the group restarts (rank 1 stops only after rank

@@ -5,12 +5,13 @@ the gateway only once every other rank of the task passed its gates.
 
 The groups are the play's ``serial_group_var`` (which keeps each in one batch): its hosts get the
 node vars ``fleetctl deploy`` gives them (``nodegroups.annotate``). A play without it runs each
-host on its own, as before."""
+host on its own, as before. ``on_failure``'s way back (``releases.py``) moves in step the same way
+(``back_in_step``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from fleetctl.release import group_sync
 from fleetctl.release.group_sync import GroupSync
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 IN_STEP = ("release", "service")  # the modules that stop servers behind a gateway
 RunOne = Callable[["HostContext"], "TaskResult"]
+T = TypeVar("T")
 
 
 def in_step(runner: Runner, play: Play, task: Task, hosts: list[str], fn: RunOne) -> tuple[RunOne, list[str]]:
@@ -49,5 +51,30 @@ def in_step(runner: Runner, play: Play, task: Task, hosts: list[str], fn: RunOne
             return group_sync.ending(sync, ctx.name, lambda: fn(ctx), lambda r: (not r.failed, r.msg))
         finally:
             ctx.node_sync = None  # a later task (a rollback) waits on nothing of this one
+
+    return run, sorted(hosts, key=lambda h: sync.rank.get(h, 0))
+
+
+def back_in_step(runner: Runner, play: Play, hosts: list[str], fn: Callable[[HostContext], T]
+                 ) -> tuple[Callable[[HostContext], T], list[str]]:
+    """A rollback's ``fn`` and ``hosts`` (rank 0 first) in step: a rank > 0 stops only once its rank 0
+    drained. A rank whose rank 0 is not rolled back goes at once (that rank 0 is not serving it)."""
+    var = play.model.serial_group_var
+    if not var:
+        return fn, hosts
+    from fleetctl.release.nodegroups import annotate
+
+    contexts = runner.fleet.contexts
+    annotate({h: contexts[h] for h in hosts}, runner.fleet.inventory.hosts, var)
+    sync = GroupSync.for_hosts(contexts, hosts, leaderless_ok=True, threads=runner.fleet.settings.forks)
+    if not sync.group:
+        return fn, hosts
+
+    def run(ctx: HostContext) -> T:
+        contexts[ctx.name].node_sync = sync
+        try:
+            return group_sync.ending(sync, ctx.name, lambda: fn(ctx), lambda v: (True, ""))
+        finally:
+            contexts[ctx.name].node_sync = None
 
     return run, sorted(hosts, key=lambda h: sync.rank.get(h, 0))

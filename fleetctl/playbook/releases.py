@@ -136,7 +136,11 @@ def _roll_back(runner: Runner, play: Play, recorded: dict[str, str | None], targ
         status = "rolled-back" if outcome.outcome == "rolled-back" else "ok"
         return status, f"{outcome.outcome}: {outcome.from_id or '-'} -> {outcome.to_id}"
 
-    results = runner.fleet.map(as_release(runner, play, back), names=targets)
+    from fleetctl.playbook.groupstep import back_in_step
+
+    # a group's rank > 0 stops only once its rank 0 drained (a stream in flight there needs every rank)
+    going, order = back_in_step(runner, play, targets, as_release(runner, play, back))
+    results = runner.fleet.map(going, names=order)
     for host, res in results.items():
         status, msg = res.value if res.ok and res.value else (res.status.value, res.reason)
         if status == "rolled-back":

@@ -124,7 +124,7 @@ def service_op(session: HostSession, layout: HostLayout, name: str | None, op: s
 
 
 def service_plan(session: HostSession, layout: HostLayout, names: list[str | None], op: str) -> list[GateResult]:
-    if not configured(session):
-        return []
+    if not configured(session):  # a start stops nothing: no rank 0 to wait for
+        return [] if op == "start" else leader_plan(session)
     ports = [port_of(session, layout, n) for n in names]
     return planned(session, ports, [] if op == "stop" else ports)
