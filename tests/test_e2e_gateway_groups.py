@@ -185,8 +185,11 @@ def test_a_play_rolling_back_a_group_stops_rank_1_only_after_rank_0_drained(
     play = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(short), "run", str(book),
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        while not (workers(lab, url) == ["lab1", "lab3"] and current(lab, "lab1") == load_spec(new).release_id
-                   and current(lab, "lab2") == load_spec(new).release_id):
+        # read in this order: lab1 leaves the gateway before its switch, so lab1 listed after its
+        # current reads D means it came back (read the other way round, a listing from before the
+        # drain and a current read after the switch would pass mid-deploy)
+        while not (current(lab, "lab1") == load_spec(new).release_id
+                   and current(lab, "lab2") == load_spec(new).release_id and workers(lab, url) == ["lab1", "lab3"]):
             assert play.poll() is None, play.communicate()
             threading.Event().wait(0.5)
         deployed = pids(gg, capsys)
