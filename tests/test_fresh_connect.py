@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
@@ -100,12 +101,19 @@ def test_an_open_connection_wakes_its_thread_at_most_once_a_second(lab_fleet: La
     from fleetctl.transport.fleet import Fleet
 
     wakeups: list[float] = []
-    check = Packetizer._check_keepalive
+    ours: set[int] = set()  # this test's connections: others the worker process holds wake on their own
+    check, init = Packetizer._check_keepalive, Packetizer.__init__
+
+    def tagged(self: Packetizer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        ours.add(id(self))
 
     def counted(self: Packetizer) -> None:
-        wakeups.append(time.monotonic())
+        if id(self) in ours:
+            wakeups.append(time.monotonic())
         check(self)
 
+    monkeypatch.setattr(Packetizer, "__init__", tagged)
     monkeypatch.setattr(Packetizer, "_check_keepalive", counted)
     inv = load_inventory(lab_fleet.inventory_path)
     with Fleet(inv, inv.select("lab1")) as fleet:

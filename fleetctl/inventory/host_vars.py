@@ -80,6 +80,8 @@ HOST_VARS: tuple[HostVar, ...] = (
             "(`service.node_group`), read from the group's first host.", SERVICE),
     HostVar("nnodes", "integer", "set by fleetctl", "A multi-node server's node count (`service.node_group`); "
             "fleetctl sets it per host, with `node_rank` and `dist_init_addr`.", SERVICE),
+    HostVar("dist_init_addr", "host:port", "set by fleetctl", "A multi-node server's rendezvous address: the "
+            "group's first host (`service_host`, else `ansible_host`, else its name) at `dist_init_port`.", SERVICE),
     HostVar("node_rank", "integer", "set by fleetctl", "The host's rank in its multi-node server (inventory order): "
             "a rank > 0 serves SGLang's health server only, so it is gated on its health endpoint and probes, "
             "and is no gateway worker.", SERVICE),

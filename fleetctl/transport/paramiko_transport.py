@@ -9,7 +9,7 @@ Three changes to paramiko's own, each for a fan-out over many hosts from one pro
   the key exchange or the login polls its event every 0.1 s as well. Each wake-up takes the GIL
   from the threads at work, and they add up as hosts x how long each waits: a run's connections
   stay open until its end, and at 1,000 fresh hosts the exchanges queue for CPU. From 200 to
-  1,000 hosts the controller's CPU per host rose from 8.6 to 15.2 ms (issue 37); an idle
+  1,000 hosts the controller's CPU per host rose from 8.6 to 15.2 ms (bench/scale.md); an idle
   connection cost 0.27 ms of CPU a second at 0.1 s, 0.04 ms at 1 s. What arrives is read at
   once all the same: the thread's timeout only bounds how late it notices a connection closed
   under it, the handshake and banner timeouts' grain and a keepalive's delay.
