@@ -20,13 +20,48 @@ Three changes to paramiko's own, each for a fan-out over many hosts from one pro
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import paramiko
 
 GCM_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 IDLE_WAKEUP_S = 1.0  # how often the thread of a connection wakes while nothing arrives
+HANDSHAKES_PER_CORE = 8  # connection opens (TCP, key exchange, login) at once per process, per core
+_slots: tuple[int, threading.BoundedSemaphore | None] = (0, None)  # (pid, semaphore): a fork gets its own
+_slots_lock = threading.Lock()
+
+
+def handshake_limit() -> int:
+    """How many connections one process opens at once: FLEETCTL_HANDSHAKES (0: no bound), else
+    HANDSHAKES_PER_CORE per core this process may run on."""
+    env = os.environ.get("FLEETCTL_HANDSHAKES", "").strip()
+    if env.isdigit():
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return HANDSHAKES_PER_CORE * cores
+
+
+@contextlib.contextmanager
+def handshake_slot() -> Iterator[None]:
+    """Held while a connection opens. A thousand handshakes started at once in one process each
+    wait for the GIL behind all the others (and on the lab, for the CPU behind a thousand sshd):
+    every one then takes as long as all of them, and the controller's CPU per host grows with the
+    fleet. A host that does not answer holds its slot for at most the connect timeout."""
+    global _slots
+    with _slots_lock:
+        if _slots[0] != os.getpid():
+            limit = handshake_limit()
+            _slots = (os.getpid(), threading.BoundedSemaphore(limit) if limit > 0 else None)
+        slots = _slots[1]
+    if slots is None:
+        yield
+        return
+    with slots:
+        yield
 
 
 class QuietTransport(paramiko.Transport):

@@ -126,9 +126,12 @@ class SSHConnector:
     def _connect(self, conn: Any, target: SSHTarget, role: str = "") -> None:
         import paramiko
 
+        from fleetctl.transport.paramiko_transport import handshake_slot
+
         where = f"{role}{target.hostname}:{target.port}"
         try:
-            conn.open()
+            with handshake_slot():
+                conn.open()
             # ServerAliveInterval: a quiet channel (a build, a gate, an hour-long copy) still sends
             # every interval, so NAT and bastion idle timeouts never cut it. paramiko's keepalive asks
             # no answer: ServerAliveCountMax applies to the ssh processes only (transport/openssh.py).
