@@ -25,8 +25,10 @@ from sglang_support import wheel as cached_wheel
 from fleetctl.lab import LabFleet, lab_down, lab_up
 
 FIRST_RUN_HOSTS = 32
-# fleetctl-persist: kept connections, as ansible-core's ControlPersist masters (opened by the warm-up)
-FIRST_RUN_TOOLS = ("fleetctl", "ansible-core", "fleetctl-persist")
+# fleetctl-persist: kept connections, as ansible-core's ControlPersist masters (opened by the warm-up);
+# openssh-x25519: `ssh HOST PY - < search.py` per host, all at once, paramiko's key exchange: the
+# lower bound of any tool on fresh connections that runs the search in a fresh interpreter
+FIRST_RUN_TOOLS = ("fleetctl", "ansible-core", "fleetctl-persist", "openssh-x25519")
 # Where one fresh session's CPU goes on a host (issue 37): plain OpenSSH sessions with paramiko's key
 # exchange, each adding one step of fleetctl's agent start; keys are the rows' names.
 SESSION_ROWS = ("ssh HOST true", "ssh HOST venv-python -c pass", "ssh HOST venv-python -c AGENT-START")
@@ -250,7 +252,11 @@ def bound_lines(c: dict) -> list[str]:
     fixed_a = ansible / FIRST_RUN_HOSTS * 1000 - search
     session = per_host(c, SESSION_ROWS[1])
     client = report.med(c["client_cpu"]["fleetctl"]) / FIRST_RUN_HOSTS * 1000
-    return ["", f"CPU ratio ansible-core / fleetctl (client + hosts): {ansible:.2f} / {fleet:.2f} = "
+    walls = {tool: report.med(c["wall"][tool]) for tool in ("ansible-core", "fleetctl", "openssh-x25519")}
+    return ["", f"Wall time ansible-core / fleetctl {walls['ansible-core'] / walls['fleetctl']:.2f}; ansible-core / "
+            f"openssh-x25519 (plain ssh running the same script, fresh connections) "
+            f"{walls['ansible-core'] / walls['openssh-x25519']:.2f}.",
+            "", f"CPU ratio ansible-core / fleetctl (client + hosts): {ansible:.2f} / {fleet:.2f} = "
             f"{ansible / fleet:.2f}. Per host: ansible-core's own {fixed_a:.0f} ms, fleetctl's own {fixed_f:.0f} ms "
             f"(client {client:.0f}, the rest on the host: ssh, python, agent), plus the search both run, S = "
             f"{search:.0f} ms: ({fixed_a:.0f} + S) / ({fixed_f:.0f} + S) is 2.5 only for S <= "
@@ -271,5 +277,6 @@ def replace_section_c(text: str, section: str) -> str:
     kept = kept.replace(EARLIER_C, "").strip("\n")
     if kept:
         kept = "\n".join("#" + line if line.startswith("## ") else line for line in kept.splitlines())
-        kept = f"\n{EARLIER_C}\n\n### {SECTION_C[3:]}, before\n\n{kept}\n"
+        when = re.search(r"date: (\S+ \S+)", kept)
+        kept = f"\n{EARLIER_C}\n\n### (c), the run of {when.group(1) if when else 'before'}\n\n{kept}\n"
     return head.rstrip("\n") + "\n\n" + section + re.sub(r"\n{3,}", "\n\n", kept)
