@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import marshal
 import os
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 from fleetctl.transport.agent import MAGIC, AgentClient, module_source
-from fleetctl.transport.agent_boot import AGENT_CODE_CACHE, start_code
+from fleetctl.transport.agent_boot import AGENT_CODE_CACHE, STUB, start_code
 from fleetctl.transport.local import LocalConnector
 
 
@@ -63,3 +64,10 @@ def test_agent_start_code_uses_the_agents_own_cache_folder() -> None:
     finally:
         client.close()
     assert (Path(remote_agent.CODE_CACHE) / f"agent-{digest}-{sys.implementation.cache_tag}.code").is_file()
+
+
+def test_agent_start_code_is_python38() -> None:
+    """The start code runs on the host before the agent: Python >= 3.8, as the agent."""
+    ast.parse(STUB.replace("FOLDER", AGENT_CODE_CACHE), feature_version=(3, 8))
+    source, digest = module_source("agent")
+    ast.parse(start_code(source, digest, "fleetctl_agent"), feature_version=(3, 8))

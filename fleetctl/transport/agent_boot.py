@@ -37,17 +37,20 @@ def _fleetctl_agent_code():
     import binascii
     import zlib
     code = compile(zlib.decompress(binascii.a2b_base64(BLOB)), "<fleetctl-agent>", "exec")
+    tmp = "%s.%d" % (path, os.getpid())
     try:
         if path:
             os.makedirs(folder, mode=0o700, exist_ok=True)
             if private(folder):
                 import marshal
-                tmp = "%s.%d" % (path, os.getpid())
                 with open(tmp, "wb") as handle:
                     handle.write(marshal.dumps(code))
                 os.rename(tmp, path)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)  # a disk that filled up mid-write leaves no part of a file behind
+        except OSError:
+            pass
     return code
 
 
