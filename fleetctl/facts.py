@@ -16,6 +16,7 @@ from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.gpu.collect import gpu_params
 from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.gpu.smi import GpuFacts, describe_gpus, parse_gpu_facts
+from fleetctl.plain import plain
 from fleetctl.transport.base import HostSession
 
 # The packages whose versions decide whether an SGLang host works (report order).
@@ -71,7 +72,7 @@ class HostFacts:
     gpu_health: HostHealth | None = None  # the rules of gpu_health.py over ``gpus``
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(replace(self, gpu_health=None))
+        out = plain(replace(self, gpu_health=None))
         out["gpu_health"] = self.gpu_health.to_dict() if self.gpu_health else None
         return out
 
