@@ -303,6 +303,15 @@ def test_a_skipped_kind_is_not_looked_for(tmp_path: Path, monkeypatch: pytest.Mo
     assert [f.kind for f in full.findings["b"]] == [Kind.VERSION, Kind.UNSATISFIED]
 
 
+def test_drift_reads_hosts_models_without_the_release_spec() -> None:
+    """What drift imports to read each host's serving models leaves pydantic and the release spec's
+    models unbuilt (a tenth of a second of every drift run; issue 37)."""
+    code = ("import sys; import fleetctl.cli.drift, fleetctl.drift.audit, fleetctl.drift.report, "
+            "fleetctl.models.status; print(sorted(m for m in ('pydantic', 'fleetctl.models.spec') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_lock_baseline_and_errors(tmp_path: Path) -> None:
     lock = tmp_path / "req.lock"
     lock.write_text("# pip freeze\nsglang==0.5.23\nTorch==2.9.1  # pinned\n")

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetctl import hostpaths
 from fleetctl.errors import HostError, RemoteOperationError
-from fleetctl.models.spec import ModelRef
+from fleetctl.models.ref import ModelRef
 from fleetctl.transport.base import HostSession, Step
 
 MODULE = "model_host"
