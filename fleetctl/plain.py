@@ -1,7 +1,7 @@
 """``plain(obj)``: what ``dataclasses.asdict`` gives, at a fraction of its CPU.
 
 ``asdict`` looks up each dataclass's fields and deep-copies every leaf, one by one: for `facts`
-over a fleet that was a third of the controller's CPU per host (issue 37). Here each class's field
+over a fleet that was a third of the controller's CPU per host. Here each class's field
 names are looked up once, and the immutable leaves (str, int, float, bool, None, enums) are kept as
 they are, which is what ``copy.deepcopy`` returns for them; anything else is deep-copied as
 ``asdict`` does, so the result is equal, and as independent of ``obj``, as ``asdict``'s.
