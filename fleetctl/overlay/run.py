@@ -45,7 +45,7 @@ from fleetctl.overlay.plan import (
     plan_host,
     unpack,
 )
-from fleetctl.overlay.stream import Applied, Lost, python_of, stream_group, target_dirs
+from fleetctl.overlay.stream import Applied, EarlyStreams, Lost, python_of, stream_group, target_dirs
 from fleetctl.transport.base import HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet, HostContext
 
@@ -182,11 +182,36 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
         first = own.get(ctx.name)
         return list_target(ctx, files, req, first.value if first is not None and first.ok else None)
 
-    results = {h: judged(r) for h, r in targets.map(plan).items()}
-    src = files.listing
-    report = OverlayReport(req, src, results)
-    if req.dry_run:
+    early = None if req.dry_run or req.direct else start_early(source, targets, files.listing, own, req)
+    try:
+        results = {h: judged(r) for h, r in targets.map(plan).items()}
+        report = OverlayReport(req, files.listing, results)
+        if not req.dry_run:
+            apply_plans(source, targets, report, early)
         return report
+    finally:
+        if early is not None:
+            early.close()
+
+
+def start_early(source: HostContext, targets: Fleet, src: SourceListing, own: Mapping[str, HostResult[Any]],
+                req: OverlayRequest) -> EarlyStreams:
+    """The streams of the targets whose own trees already differ from the source's (and one of the
+    source), started before their plans: ssh connects while the files are compared."""
+    early = EarlyStreams()
+    for name, ctx in targets.contexts.items():
+        first = own.get(name)
+        if first is not None and first.ok and first.value is not None \
+                and matched_by_tree(src, first.value) != set(src.dists):
+            early.start(ctx, "overlay_target", python_of(req.target_venv))
+    if early.started:
+        early.start(source, "overlay_source", python_of(req.venv))
+    return early
+
+
+def apply_plans(source: HostContext, targets: Fleet, report: OverlayReport, early: EarlyStreams | None) -> None:
+    """One stream per group of targets needing the same files; each target's outcome into the report."""
+    req, src, results = report.request, report.source, report.results
     groups: dict[tuple[str, ...], list[HostContext]] = {}
     for host, res in results.items():
         if res.ok and res.value is not None and res.value.plan.changes:
@@ -195,9 +220,8 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
             groups.setdefault(key, []).append(targets.contexts[host])
     for members in groups.values():
         plans = {c.name: _plan(results, c.name) for c in members}
-        for host, outcome in stream_group(source, members, src, plans, req).items():
+        for host, outcome in stream_group(source, members, src, plans, req, early).items():
             results[host] = _applied(results[host], outcome)
-    return report
 
 
 def _plan(results: Mapping[str, HostResult[HostOverlay]], host: str) -> HostPlan:

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import struct
-import tarfile
 import time
 import zlib
 from stat import S_ISREG

@@ -25,7 +25,6 @@ import re
 import struct
 import sys
 import sysconfig
-import tarfile
 import zlib
 from stat import S_ISLNK
 
@@ -206,7 +205,7 @@ def main(params):
 
 
 class Framer(object):
-    """A write-only file object: sends what tarfile writes on `out` in frames (4-byte length +
+    """A write-only file object: sends the tar's bytes written to it on `out` in frames (4-byte length +
     bytes), zlib-compressed first when `level` > 0; a zero-length frame closes a stream that ended
     well, so the controller can tell a finished source from one that died."""
 
@@ -280,6 +279,8 @@ def send_file(sink, rel, handle, size):
 
 def stream_main():
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    if not inp.peek(1):
+        return  # a stream started early and not needed after all: nothing asked, nothing sent
     params = read_params(inp)
     info = interpreter()
     dists = {}

@@ -33,7 +33,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import tempfile
 import time
 import zlib
@@ -286,6 +285,8 @@ def stream_main():
     header = b""
     while len(header) < 4:
         chunk = os.read(fd, 4 - len(header))
+        if not chunk and not header:
+            return  # a stream started early and not needed after all: nothing asked, nothing to say
         if not chunk:
             raise EOFError("no plan received")
         header += chunk
