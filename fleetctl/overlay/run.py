@@ -136,21 +136,28 @@ def matched_by_tree(src: SourceListing, own: Mapping[str, Any]) -> set[str]:
             and d.tree and found[name][0].get("tree") == d.tree}
 
 
+def own_listing(own: Mapping[str, Any], matched: set[str]) -> TargetListing:
+    """The target as its own tree listing describes it: no file lists (none needed)."""
+    return TargetListing(Interpreter.from_raw(own["interpreter"]), {}, {}, bool(own.get("inflight")),
+                         frozenset(matched))
+
+
 def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
                 own: Mapping[str, Any] | None = None) -> HostPlan:
     """What this target needs. With ``own`` (its own trees, listed beside the source) only the
     distributions whose trees differ are listed again, with their files."""
     src = files.listing
     matched = matched_by_tree(src, own) if own is not None else set()
-    if own is not None and matched == set(src.dists):
-        target = TargetListing(Interpreter.from_raw(own["interpreter"]), {}, {}, bool(own.get("inflight")),
-                               frozenset(matched))
-        return plan_host(session.name, req.target_venv, src, target)
     rest = sorted(set(src.dists) - matched)
-    raw = target_call(session, req, {"action": "list", "names": rest,
-                                     "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
-    target = parse_target(raw)
-    target = replace(target, matched=target.matched | matched)
+    if own is not None and not rest:
+        return plan_host(session.name, req.target_venv, src, own_listing(own, matched))
+    if own is not None and not {canonicalize_name(n) for n in own.get("dists") or {}} & set(rest):
+        target = own_listing(own, matched)  # none of them installed here: no file list to ask for
+    else:
+        raw = target_call(session, req, {"action": "list", "names": rest,
+                                         "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
+        target = parse_target(raw)
+        target = replace(target, matched=target.matched | matched)
     unmatched = set(src.dists) - target.matched
     if unmatched:
         src = files.complete(unmatched)
