@@ -151,8 +151,13 @@ def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
     rest = sorted(set(src.dists) - matched)
     if own is not None and not rest:
         return plan_host(session.name, req.target_venv, src, own_listing(own, matched))
-    if own is not None and not {canonicalize_name(n) for n in own.get("dists") or {}} & set(rest):
-        target = own_listing(own, matched)  # none of them installed here: no file list to ask for
+    # None of them installed here, and no overlay of this venv cut short: nothing to compare file by
+    # file (a stray file already there with the same bytes is sent again, its end state the same).
+    fresh = own is not None and not own.get("inflight") and not {
+        canonicalize_name(n) for n in own.get("dists") or {}} & set(rest)
+    if fresh:
+        assert own is not None
+        target = own_listing(own, matched)
     else:
         raw = target_call(session, req, {"action": "list", "names": rest,
                                          "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
@@ -161,6 +166,7 @@ def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
     unmatched = set(src.dists) - target.matched
     if unmatched:
         src = files.complete(unmatched)
+    if unmatched and not fresh:
         paths = sorted({f.rel for n in unmatched for f in src.dists[n].files})
         found = target_call(session, req, {"action": "hashes", "paths_z": pack(paths)})
         target = replace(target, hashes=unpack(found["hashes_z"]))
