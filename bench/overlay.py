@@ -9,7 +9,11 @@ host keys are checked). Then the overlay runs again with nothing changed. Median
 rounds; bytes are SSH bytes through this machine (paramiko's packetizer) for the overlay and
 rsync's own --stats for rsync. Starts its own lab and takes it down at the end.
 
-    .venv/bin/python bench/overlay.py [--runs 5]
+    .venv/bin/python bench/overlay.py [--runs 5] [--baseline DIR]
+
+--baseline DIR: a checkout of fleetctl from before a change (`git archive REV | tar -x -C DIR`); its
+CLI runs a fresh overlay in every round too, on the same lab, in alternating order ("overlay
+(baseline)"), so before and after are measured under the same load.
 """
 
 from __future__ import annotations
@@ -65,8 +69,8 @@ def sh(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 class Bench:
-    def __init__(self, runs: int) -> None:
-        self.runs = runs
+    def __init__(self, runs: int, baseline: str | None = None) -> None:
+        self.runs, self.baseline = runs, baseline
         self.paths = LabPaths(LAB_DIR)
         self.addr: dict[str, str] = {}
         self.cpu: list[float] = []  # controller CPU s of each fresh overlay
@@ -112,12 +116,13 @@ class Bench:
         sh(["sync"])
         time.sleep(1)  # let the removal's writeback settle before timing
 
-    def overlay(self, *extra: str) -> tuple[float, int]:
+    def overlay(self, *extra: str, checkout: str | None = None) -> tuple[float, int]:
         argv = [sys.executable, "-c", COUNTING_CLI, "-i", str(self.paths.inventory), "-l", "lab2", "venv",
                 "overlay", "--from", "lab1", "--venv", SRC, "--to-venv", DST, "--json", *extra]
         before = os.times()
         start = time.monotonic()
-        proc = sh(argv, check=False)
+        # `python -c` imports fleetctl from its working folder first: this checkout's, or the baseline's
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=checkout or REPO)
         elapsed = time.monotonic() - start
         after = os.times()
         if proc.returncode != 0:
@@ -155,7 +160,7 @@ class Bench:
         return elapsed, total
 
     def run(self) -> dict[str, list[tuple[float, int]]]:
-        samples: dict[str, list[tuple[float, int]]] = {"overlay": [], "tar": [], "rsync": [], "overlay re-run": []}
+        samples: dict[str, list[tuple[float, int]]] = {"overlay": [], "tar": [], "overlay re-run": []}
         for i in range(self.runs):
             self.fresh_target()
             start = time.monotonic()
@@ -163,13 +168,31 @@ class Bench:
             self.plan_s.append(time.monotonic() - start)
             self.cpu.pop()
             order = ("overlay", "tar", "rsync") if i % 2 == 0 else ("rsync", "tar", "overlay")
+            if self.baseline:
+                # the re-run below then follows either overlay: the same bytes landed, the new code re-runs
+                order = ("overlay", "overlay (baseline)", "tar") if i % 2 == 0 else ("tar", "overlay (baseline)",
+                                                                                    "overlay")
             for name in order:
-                samples[name].append(self.overlay() if name == "overlay" else getattr(self, name)())
+                samples.setdefault(name, []).append(self.measure(name))
                 print(f"round {i + 1}: {name} {samples[name][-1][0]:.2f}s", flush=True)
             samples["overlay re-run"].append(self.overlay())
             self.cpu.pop()
             print(f"round {i + 1}: overlay re-run {samples['overlay re-run'][-1][0]:.2f}s", flush=True)
         return samples
+
+    def measure(self, name: str) -> tuple[float, int]:
+        """One fresh copy by ``name``; the overlays' CPU and apply figures are the new code's only."""
+        if name == "overlay":
+            self.fresh_target()
+            return self.overlay()
+        if name == "overlay (baseline)":
+            self.fresh_target()
+            found = self.overlay(checkout=self.baseline)
+            self.cpu.pop()
+            if self.apply_s:
+                self.apply_s.pop()
+            return found
+        return getattr(self, name)()
 
     def profile(self) -> list[str]:
         med = statistics.median
@@ -182,20 +205,24 @@ class Bench:
         ]
 
 
-def report(samples: dict[str, list[tuple[float, int]]], runs: int, load: float, profile: list[str]) -> str:
+def report(samples: dict[str, list[tuple[float, int]]], runs: int, load: float, profile: list[str],
+           command: str = "") -> str:
     med = {k: (statistics.median(t for t, _ in v), statistics.median(b for _, b in v)) for k, v in samples.items()}
     fresh_t, fresh_b = med["overlay"]
     rows = [f"| {name} | {t:.2f} | {', '.join(f'{s:.2f}' for s, _ in samples[name])} | {b / 1e6:.2f} |"
             for name, (t, b) in med.items()]
-    ratio = fresh_t / med["rsync"][0]
     tar_ratio = fresh_t / med["tar"][0]
     rerun_t, rerun_b = med["overlay re-run"]
+    ratios = [f"overlay / tar pipe = {tar_ratio:.2f}x (target: at most 1.0x)"]
+    if "rsync" in med:
+        ratios.insert(0, f"overlay / rsync = {fresh_t / med['rsync'][0]:.2f}x (target: at most 1.5x)")
+    if "overlay (baseline)" in med:
+        ratios.append(f"baseline / tar pipe = {med['overlay (baseline)'][0] / med['tar'][0]:.2f}x")
     return "\n".join([
         "# venv overlay vs rsync -a (sglang 0.5.23 site-packages: 123 MB, 6,539 files)", "",
-        f"Command: `.venv/bin/python bench/overlay.py --runs {runs}` (2-host lab on 127.0.92.x, 2-core machine)",
-        "", "| what | median s | runs s | MB on the wire |", "|---|---|---|---|", *rows, "",
-        f"- fresh copy: overlay / rsync = {ratio:.2f}x (target: at most 1.5x); overlay / tar pipe = {tar_ratio:.2f}x "
-        "(target: at most 1.0x)",
+        f"Command: `.venv/bin/python bench/overlay.py --runs {runs}{command}` (2-host lab on 127.0.92.x, 2-core "
+        "machine)", "", "| what | median s | runs s | MB on the wire |", "|---|---|---|---|", *rows, "",
+        "- fresh copy: " + "; ".join(ratios),
         f"- re-run with nothing changed: {rerun_t:.2f} s, {rerun_b / 1e6:.3f} MB = "
         f"{100 * rerun_b / fresh_b:.2f}% of the fresh copy's bytes (targets: under 2 s and 1%)",
         "- overlay bytes: SSH bytes through the controller, both hops (source -> controller -> target), agent",
@@ -210,15 +237,16 @@ def report(samples: dict[str, list[tuple[float, int]]], runs: int, load: float, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", help="a checkout from before a change: its overlay runs in every round too")
     args = parser.parse_args()
-    bench = Bench(args.runs)
+    bench = Bench(args.runs, args.baseline)
     load = os.getloadavg()[0]
     try:
         bench.setup()
         samples = bench.run()
     finally:
         lab_down(LAB_DIR)
-    text = report(samples, args.runs, load, bench.profile())
+    text = report(samples, args.runs, load, bench.profile(), f" --baseline {args.baseline}" if args.baseline else "")
     (REPO / "bench" / "overlay.md").write_text(text)
     print(text)
     return 0

@@ -72,6 +72,33 @@ DOMINATES: dict[str, str] = {
     "drift": "fresh not measured at 1,000 hosts with the quiet transport (the run's time ran out; the first "
              "run lost hosts as facts did); kept, the controller's 5.5 ms and the hosts' 4.9 ms per host.",
 }
+# Dated before/after notes of cuts measured apart from the curves (kept facts and drift, issue 37).
+CUTS: dict[str, str] = {
+    "facts": 'Kept, before/after (2026-12-05, 200 hosts, `.venv/bin/python bench/scale.py --hosts 200 --jobs '
+             "facts,drift --tools 'fleetctl kept' --runs 3 --keep-lab` (tables kept apart from this page), medians"
+             ' of 3 after a warm-up): before (12:40, load 18.0 / 7.2 / 3.6) 2.10 s (2.05-2.12), controller 1.9 ms '
+             'per host, hosts 15.7 ms per host; after (13:42, load 12.2 / 176.3 / 289.1, the 1,000-host window '
+             'just over) 1.12 s (0.61-1.52), controller 1.9, hosts **0.9** ms per host. The hosts had spent it '
+             'starting a Python per interpreter to ask its version: each version is now remembered under the '
+             "binary's identity (its and its libpython's device, inode, size, mtime, ctime; a kept agent's memory "
+             "and a private file per user; a replaced binary is asked again) and a kept agent remembers /usr/bin's"
+             " python names while the folder's stat holds (fleetctl/remote/python_versions.py). The controller's "
+             "1.9 ms (client 1.2, connection server 0.75) is the fixed start (0.14 s) and the kept path's per-host"
+             ' round trips (the attach check and the call, each a thread hand-off and a paramiko message both '
+             'ways).',
+    "drift": 'Kept, before/after (2026-12-05, 200 hosts, `.venv/bin/python bench/scale.py --hosts 200 --jobs '
+             "facts,drift --tools 'fleetctl kept' --runs 3 --keep-lab` (tables kept apart from this page), medians"
+             ' of 3 after a warm-up): before (12:41, load 29.8 / 10.3 / 4.6) 1.24 s (1.21-1.32), controller 3.75 '
+             'ms per host, hosts 2.5 ms per host; after (13:42, load 15.6 / 166.5 / 283.5, the 1,000-host window '
+             'just over) 2.96 s (2.32-3.29: the wall time moved with that load; 1.15-1.28 s in runs at load 25-39 '
+             'a minute later), controller **2.75** ms per host, hosts 2.6. Cut: --skip unsatisfied no longer '
+             "evaluates pip check's requirements only to drop them; the GPU stack and the serving release's models"
+             ' go as one sequence (three agent round trips per host, attach check included, instead of four); '
+             'drift no longer imports pydantic through models.spec (its fixed start 0.29 -> ~0.15 s). Split a '
+             'minute later at 200 hosts: client 0.47 -> 0.29 s, connection server 0.31 -> 0.22 s. The drift '
+             'comparison and its JSON are 0.04 ms per host at 1,000 hosts (measured apart): not where the time '
+             'goes.',
+}
 PANELS = (("wall_s", "wall time (s)", 1.0), ("cpu_s", "controller CPU per host (ms)", 1000.0),
           ("rss_kb", "controller peak RSS per host (KiB)", 1.0), ("host_cpu_s", "hosts' CPU per host (ms)", 1000.0))
 
@@ -170,6 +197,8 @@ def markdown(doc: dict[str, Any]) -> str:
                            f" | {per_host(t, 'host_cpu_s', n, 1000):.1f} | {load} |")
         if job in DOMINATES:
             out += ["", f"At 1,000 hosts: {DOMINATES[job]}"]
+        if job in CUTS:
+            out += ["", CUTS[job]]
         out += ["", f"Fitted over {', '.join(sizes)} hosts (least squares, total = fixed + per host x N; the "
                 "wall time is left out: on this shared machine it moves with the load):", "",
                 *constants(sizes), ""]

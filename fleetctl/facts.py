@@ -11,10 +11,12 @@ import posixpath
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from fleetctl import hostpaths
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.gpu.collect import gpu_params
 from fleetctl.gpu.health import HostHealth, Thresholds, evaluate
 from fleetctl.gpu.smi import GpuFacts, describe_gpus, parse_gpu_facts
+from fleetctl.plain import plain
 from fleetctl.transport.base import HostSession
 
 # The packages whose versions decide whether an SGLang host works (report order).
@@ -70,7 +72,7 @@ class HostFacts:
     gpu_health: HostHealth | None = None  # the rules of gpu_health.py over ``gpus``
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(replace(self, gpu_health=None))
+        out = plain(replace(self, gpu_health=None))
         out["gpu_health"] = self.gpu_health.to_dict() if self.gpu_health else None
         return out
 
@@ -152,7 +154,8 @@ def parse_facts(raw_facts: dict[str, Any], raw_venv: dict[str, Any] | None, venv
 def collect_facts(session: HostSession, venv: str | None = None) -> HostFacts:
     """Ask one host for its facts (and its venv's ML stack when ``venv`` is given)."""
     thresholds = Thresholds.from_vars(session.vars, session.name)
-    raw = session.call("facts", {**({"venv": venv} if venv else {}), **gpu_params(session)})
+    params = {**({"venv": venv} if venv else {}), **gpu_params(session), "cache_dir": hostpaths.cache_dir(session.vars)}
+    raw = session.call("facts", params)
     if not isinstance(raw, dict):
         raise AgentError(session.name, f"facts answered a {type(raw).__name__}, not an object")
     raw_venv: dict[str, Any] | None = None

@@ -289,6 +289,30 @@ def test_unsatisfied_requirements_like_pip_check() -> None:
     assert found == {("torch==2.9.1", "2.8.0"), ("flashinfer-python==0.7.2", None)}
 
 
+def test_a_skipped_kind_is_not_looked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--skip unsatisfied: the same report less those findings, and pip check's evaluation never run
+    (nothing kept in its cache): most of drift's controller CPU per host (issue 37)."""
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))
+    r = _results(_inv("a", {"sglang": "0.5.23", "torch": "2.8.0"}, requires={"sglang": ("torch==2.9.1",)}),
+                 _inv("b", {"sglang": "0.5.9", "torch": "2.8.0"}, requires={"sglang": ("torch==2.9.1",)}))
+    skipped = core.audit(r, baseline_host="a", skip=["unsatisfied"])
+    assert not (tmp_path / "drift-requirements").exists()
+    full = core.audit(r, baseline_host="a")
+    assert (tmp_path / "drift-requirements").is_dir()
+    assert {h: [f for f in fs if f.kind is not Kind.UNSATISFIED] for h, fs in full.findings.items()} == skipped.findings
+    assert [f.kind for f in full.findings["b"]] == [Kind.VERSION, Kind.UNSATISFIED]
+
+
+def test_drift_reads_hosts_models_without_the_release_spec() -> None:
+    """What drift imports to read each host's serving models leaves pydantic and the release spec's
+    models unbuilt (a tenth of a second of every drift run; issue 37)."""
+    modules = "fleetctl.cli.drift, fleetctl.drift.audit, fleetctl.drift.report, fleetctl.models.status"
+    code = (f"import sys; import {modules}; "
+            "print(sorted(m for m in ('pydantic', 'fleetctl.models.spec') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_lock_baseline_and_errors(tmp_path: Path) -> None:
     lock = tmp_path / "req.lock"
     lock.write_text("# pip freeze\nsglang==0.5.23\nTorch==2.9.1  # pinned\n")

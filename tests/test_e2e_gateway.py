@@ -207,6 +207,14 @@ def test_check_shows_the_gateway_steps(lab_gw: dict[str, Any]) -> None:
     mine = f"http://{lab.addresses['lab2']}:30000"
     assert f"lab2: gateway: would take out of {url}: {mine} (registered), then wait for 0 requests in flight" in r.out
     assert f"lab2: gateway: would add back to {url}: {mine} once its gates pass" in r.out
+    restart = fleet_cli(lab_gw, "lab2", "service", "restart", "--check")  # the CLI's service check says them too
+    assert restart.rc == 0, restart.out + restart.err
+    assert f"lab2: gateway: would take out of {url}: {mine} (registered), then wait for 0 requests" in restart.out
+    assert f"lab2: gateway: would add back to {url}: {mine} once its gates pass" in restart.out
+    stop = fleet_cli(lab_gw, "lab2", "service", "stop", "--check", "--json")  # a stop leaves it out
+    assert [g["name"] for g in stop.json()["hosts"]["lab2"]["value"]["gates"]] == [f"gateway: would take out of {url}"]
+    start = fleet_cli(lab_gw, "lab2", "service", "start", "--check", "--json")  # running: nothing to do
+    assert start.json()["hosts"]["lab2"]["value"]["gates"] == []
     assert healthy_workers(url) == expected_workers(lab)
 
 

@@ -18,6 +18,7 @@ from gpu_fixtures import FAKE_SMI, lab2_remapping_pending
 from lab_support import LabHandle
 from sglang_support import ML_VENV
 
+from fleetctl.drift import audit as drift_audit
 from fleetctl.errors import RemoteOperationError
 from fleetctl.facts import collect_facts
 from fleetctl.inventory import load_inventory
@@ -116,6 +117,21 @@ def test_each_round_of_requests_is_one_frame_for_the_whole_fleet(sglang_lab: Lab
         assert isinstance(res.value[1], RemoteOperationError) and res.value[1].host == host
     assert {h: r.value.venv.packages["sglang"] for h, r in facts.items() if r.value and r.value.venv} == {
         "lab1": "0.5.23", "lab2": "0.5.9", "lab3": "0.5.23"}
+
+
+def test_drift_asks_each_host_in_two_rounds(sglang_lab: LabHandle, mux_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The venv's distributions, then the GPU stack and the serving release's models as one sequence:
+    two frames for the fleet and two agent round trips per host (issue 37), with the answers of
+    three plain calls (test_kept_connections_answer_as_fresh_ones compares them with fresh ones)."""
+    monkeypatch.setattr(mux_calls, "STALL_S", 600.0)
+    inv = load_inventory(sglang_lab.inventory_path, {"nvidia_smi": FAKE_SMI})
+    with Fleet(inv, inv.select("all"), RunSettings(persist=60)) as fleet:
+        found = fleet.map(lambda ctx: drift_audit.collect(ctx, ML_VENV, False))
+        assert fleet.kept_frames == 2
+    assert {h: r.value.version("sglang") for h, r in found.items() if r.value} == {
+        "lab1": "0.5.23", "lab2": "0.5.9", "lab3": "0.5.23"}
+    assert all(r.value and "nvidia-driver" in r.value.stack for r in found.values()), found
 
 
 def test_a_server_that_dies_between_rounds_fails_each_host_and_the_pass_ends(sglang_lab: LabHandle,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -20,10 +19,12 @@ from typing import Any
 
 import pytest
 from interpreters import NO_PY38, find_python
+from remote_support import remote_module
 
 from fleetctl.errors import AgentError, RemoteOperationError
 from fleetctl.facts import HostFacts, collect_facts, facts_table_rows, parse_facts
 from fleetctl.gpu.smi import describe_gpus
+from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import CommandResult
 
 REMOTE = Path(__file__).resolve().parent.parent / "fleetctl" / "remote"
@@ -46,16 +47,12 @@ def _plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def load_remote(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_remote_{name}", REMOTE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return remote_module(name)  # with its includes, as the agent ships it
 
 
 def run_child(python: str, name: str, params: dict[str, Any], cwd: Path) -> Any:
     """Run a remote module the way the agent's child mode does: source on stdin, JSON back."""
-    src = (REMOTE / f"{name}.py").read_text()
+    src = module_source(name)[0]
     src += f"\n\nimport json as _j\nprint(_j.dumps(main(_j.loads({json.dumps(params)!r}))))\n"
     proc = subprocess.run([python, "-"], input=src, capture_output=True, text=True, timeout=120, cwd=cwd)
     assert proc.returncode == 0, proc.stderr

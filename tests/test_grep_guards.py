@@ -62,6 +62,18 @@ def test_first_matches_is_a_pass_per_term(guards: Any) -> None:
         assert guards.first_matches(data, needles, groups) == [data.find(n) for n in needles], (data, needles)
 
 
+def test_a_needle_is_found_where_it_holds_its_guard_first(guards: Any) -> None:
+    """The needles are looked for from the guard's first occurrence less where each holds it: a
+    needle that begins before that occurrence (the guard inside it, once or twice) is still found
+    there, not at a later occurrence."""
+    needles = [b"xxambayy", b"ambaamba_z", b"Mamba"]
+    groups = guards.plan_guards(needles)
+    assert groups == [(b"amba", [0, 1, 2])]
+    for data in (b"xxambayy Mamba ambaamba_z", b"_ambaamba_z xxambayy", b"Mamba", b"q amba xxambayy Mamba",
+                 b"ambaamba_z", b"xxamba", b"amb"):
+        assert guards.first_matches(data, needles, groups) == [data.find(n) for n in needles], data
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("site-grep-guards")

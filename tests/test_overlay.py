@@ -452,3 +452,90 @@ def test_the_source_reads_a_large_binary_once_and_its_record_row_stays(tmp_path:
     assert got["pkg/libbig.so"] == big
     assert f"pkg/libbig.so,sha256={sha(big)},{len(big)}" in got["pkg-1.dist-info/RECORD"].decode()
     assert proc.stderr.decode().count("@@OPENED") == 1, proc.stderr.decode()[-2000:]
+
+
+def test_the_stream_tar_is_tarfiles_own_and_reads_back_names_tar_cannot_hold_in_its_header() -> None:
+    """overlay_tar writes the header tarfile writes for a short ASCII name and tarfile's pax header
+    for a long or non-ASCII one; its reader gives every regular file back (pax and GNU long names,
+    folders skipped), says a cut stream is EOFError and a damaged header is not a tar."""
+    import io
+    import tarfile
+
+    ns = remote("overlay_target")
+    plain = tarfile.TarInfo("pkg/mod.py")
+    plain.size, plain.mode, plain.mtime = 11, 0o755, 1700000000
+    built = ns["tar_header"]("pkg/mod.py", 11, 0o755, 1700000000)
+    parsed = tarfile.TarInfo.frombuf(built, "utf-8", "surrogateescape")
+    assert len(built) == 512 and (parsed.name, parsed.size, parsed.mode, parsed.mtime) == ("pkg/mod.py", 11, 0o755,
+                                                                                            1700000000)
+    assert built == plain.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")[:329] + bytes(183)
+    files = {"pkg/" + "d" * 120 + "/long.py": b"long\n", "pkg/données.py": b"x = 1\n", "pkg/empty.py": b""}
+    out = io.BytesIO()
+    for name, data in files.items():
+        out.write(ns["tar_header"](name, len(data), 0o644, 1700000000) + data + ns["tar_padding"](len(data)))
+    gnu = io.BytesIO()
+    with tarfile.open(fileobj=gnu, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        folder = tarfile.TarInfo("pkg/sub")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        item = tarfile.TarInfo("pkg/" + "g" * 150 + ".py")
+        item.size = 3
+        tar.addfile(item, io.BytesIO(b"gnu"))
+    stream = out.getvalue() + gnu.getvalue()[:-1024] + ns["END_OF_ARCHIVE"]
+
+    def read_all(data: bytes) -> dict[str, bytes]:
+        piped = io.BytesIO(data)
+        reader, got = ns["TarReader"](type("Pipe", (), {"read": lambda self, n: piped.read(min(n, 700))})()), {}
+        while (member := reader.next_file()) is not None:
+            got[member[0]] = b"".join(reader.chunks(member[3], 4))
+        return got
+
+    assert read_all(stream) == {**files, "pkg/" + "g" * 150 + ".py": b"gnu"}
+    with pytest.raises(EOFError):
+        read_all(stream[:700])
+    with pytest.raises(ns["TarError"], match="not a tar"):
+        read_all(b"x" + stream[1:])
+
+
+def test_the_target_lands_each_file_with_its_mode_at_creation_and_no_chmod_the_umask_allows(tmp_path: Path) -> None:
+    """Each file is created under its temporary name with its final mode; a separate chmod only where
+    the umask took bits away (0777 under umask 022), never for 0644, 0755 or 0600 (issue 37: a chmod,
+    and a path-based utime, per file on top of what `tar -x` does). Modes, mtimes and bytes are the
+    source's, each file's hash goes into the target's cache, no temporary file is left."""
+    import io
+    import json
+    import subprocess
+    import tarfile
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    modes = {"pkg/a.py": 0o644, "pkg/sub/run.sh": 0o755, "pkg/sub/secret.cfg": 0o600, "pkg/open.txt": 0o777}
+    data = {rel: rel.encode() * 3 for rel in modes}
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w|") as tar:
+        for rel, mode in modes.items():
+            item = tarfile.TarInfo(rel)
+            item.size, item.mode, item.mtime = len(data[rel]), mode, 1600000000
+            tar.addfile(item, io.BytesIO(data[rel]))
+    body = tar_bytes.getvalue()
+    plan = {"expect": list(modes), "remove": [], "remove_dist_infos": [], "new_dist_infos": {}, "level": 0,
+            "state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path / "cache"),
+            "manifest": {"schema": 1, "source_host": "src", "source_venv": "/v", "target_venv": str(venv),
+                         "time": "now", "dists": []}}
+    hook = ("import os, sys\nos.umask(0o022)\ndef _seen(event, args):\n"
+            "    if event == 'os.chmod':\n        sys.stderr.write('@@CHMOD %r\\n' % (args[0],))\n"
+            "sys.addaudithook(_seen)\n")
+    code = shlex.split(stream.stream_command("overlay_target", str(venv / "bin" / "python")))[3]
+    plan_bytes = json.dumps(plan).encode()
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", hook + code], capture_output=True,
+                          input=struct.pack(">I", len(plan_bytes)) + plan_bytes + body, check=True)
+    answer = json.loads(proc.stdout.split(b"@@FLEETCTL-JSON-BEGIN@@")[1].split(b"@@FLEETCTL-JSON-END@@")[0])
+    assert answer["ok"] is True and answer["result"]["written"] == 4, answer
+    assert proc.stderr.decode().count("@@CHMOD") == 1, proc.stderr.decode()[-2000:]
+    cache = json.loads(next((tmp_path / "cache").glob("overlay-*.json")).read_text())
+    for rel, mode in modes.items():
+        st = (site / rel).stat()
+        assert (st.st_mode & 0o7777, st.st_mtime, (site / rel).read_bytes()) == (mode, 1600000000, data[rel])
+        assert cache[str(site / rel)] == [st.st_size, st.st_mtime_ns, st.st_ino, sha(data[rel]), None]
+    assert not list(site.rglob("*.fleetctl-tmp*"))

@@ -18,12 +18,12 @@ from typing import Any
 from fleetctl import hostpaths
 from fleetctl.drift import requirements as drift_requirements
 from fleetctl.errors import InputError, RemoteOperationError
-from fleetctl.gpu.collect import collect_gpu
+from fleetctl.gpu.collect import gpu_from_answer, gpu_step
 from fleetctl.gpu.smi import GpuFacts
 from fleetctl.inventory.model import Host
 from fleetctl.lockfile import FREEZE_EXCLUDED, Pin
 from fleetctl.probes import probe_python
-from fleetctl.transport.base import HostResult, HostSession
+from fleetctl.transport.base import HostResult, HostSession, Step
 
 
 class Kind(StrEnum):
@@ -114,13 +114,25 @@ def collect(session: HostSession, venv: str | None, verify_files: bool, gpu: Gpu
         if exc.etype == "InterpreterNotFound":
             raise RemoteOperationError(session.name, "drift", exc.etype, f"no venv: {exc.remote_message}") from None
         raise
-    if gpu is None:
-        gpu = collect_gpu(session, health=False)
-    inv = parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
-    from fleetctl.models.status import current_on_host, drift_rows
+    from fleetctl.models.status import current_from_answer, current_on_host, current_step, drift_rows
 
-    inv.stack.update(drift_rows(current_on_host(session)))  # the serving release's models: revision, state
+    if gpu is None:  # the GPU stack and the serving release's models in one round trip to the agent
+        gpu_raw, models = _in_turn(session, [gpu_step(session, health=False), current_step(session)])
+        gpu, states = gpu_from_answer(session.name, gpu_raw), current_from_answer(models)
+    else:
+        states = current_on_host(session)
+    inv = parse_inventory(session.name, venv or session.vars.get("venv"), raw, gpu)
+    inv.stack.update(drift_rows(states))  # the serving release's models: revision, state
     return inv
+
+
+def _in_turn(session: HostSession, steps: list[Step]) -> list[Any]:
+    """Each step's result, as plain calls one after another would give them (a failure raised)."""
+    done = session.sequence(steps)
+    for outcome in done:
+        if isinstance(outcome, Exception):
+            raise outcome
+    return done
 
 
 def parse_inventory(host: str, venv: str | None, raw: Mapping[str, Any], gpu: GpuFacts) -> HostInventory:
@@ -198,15 +210,19 @@ def selected(name: str, patterns: Iterable[str] | None) -> bool:
     return not pats or any(fnmatch.fnmatch(name, canonicalize_name(p) if "*" not in p else p.lower()) for p in pats)
 
 
-def host_findings(inv: HostInventory, base: Baseline, packages: Iterable[str] | None = None) -> list[Finding]:
+def host_findings(inv: HostInventory, base: Baseline, packages: Iterable[str] | None = None,
+                  skip: frozenset[Kind] = frozenset()) -> list[Finding]:
+    """Every finding on one host but those of the ``skip`` kinds, which are not looked for at all
+    (``pip check``'s evaluation is most of drift's controller CPU per host)."""
     pats = list(packages or ())
     out = version_findings(inv, base, pats)
     out += [f for f in duplicate_findings(inv) if selected(f.package or "", pats)]
-    out += [f for f in unsatisfied_findings(inv) if selected(f.package or "", pats)]
+    if Kind.UNSATISFIED not in skip:
+        out += [f for f in unsatisfied_findings(inv) if selected(f.package or "", pats)]
     out += stack_findings(inv, base) if base.host != inv.host else []
     out += [f for f in file_findings(inv) if selected(f.package or "", pats)]
     out += [f for f in overlay_findings(inv) if selected(f.package or "", pats)]
-    return out
+    return [f for f in out if f.kind not in skip]
 
 
 def overlay_findings(inv: HostInventory) -> list[Finding]:
@@ -335,10 +351,8 @@ def audit(
         base = baseline_from_host(inventories, baseline_host)
     else:
         base = baseline_by_majority(inventories)
-    skipped = {Kind(k) for k in skip}
-    findings = {
-        h: [f for f in host_findings(inv, base, packages) if f.kind not in skipped] for h, inv in inventories.items()
-    }
+    skipped = frozenset(Kind(k) for k in skip)
+    findings = {h: host_findings(inv, base, packages, skipped) for h, inv in inventories.items()}
     return DriftReport(base, inventories, failed, findings)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from fleetctl import hostpaths
 from fleetctl.errors import AgentError
 from fleetctl.gpu.smi import GpuFacts, parse_gpu_facts
-from fleetctl.transport.base import HostSession
+from fleetctl.transport.base import HostSession, Step
 
 
 def gpu_params(session: HostSession) -> dict[str, Any]:
@@ -19,9 +19,19 @@ def gpu_params(session: HostSession) -> dict[str, Any]:
     return {"service_dir": hostpaths.service_dir(session.vars), **({"nvidia_smi": str(path)} if path else {})}
 
 
+def gpu_step(session: HostSession, health: bool = True) -> Step:
+    """The call that asks one host for its GPU facts alone, for a sequence with other calls."""
+    return Step("facts", {"gpu_only": True, "gpu_health": health, **gpu_params(session)})
+
+
+def gpu_from_answer(host: str, raw: Any) -> GpuFacts:
+    """``gpu_step``'s answer -> GpuFacts."""
+    if not isinstance(raw, dict):
+        raise AgentError(host, f"facts answered a {type(raw).__name__}, not an object")
+    return parse_gpu_facts(raw.get("nvidia_smi"))
+
+
 def collect_gpu(session: HostSession, health: bool = True) -> GpuFacts:
     """One host's GPU facts alone (one ``nvidia-smi -q -x``; with ``health``, NVLink and Xids too)."""
-    raw = session.call("facts", {"gpu_only": True, "gpu_health": health, **gpu_params(session)})
-    if not isinstance(raw, dict):
-        raise AgentError(session.name, f"facts answered a {type(raw).__name__}, not an object")
-    return parse_gpu_facts(raw.get("nvidia_smi"))
+    step = gpu_step(session, health)
+    return gpu_from_answer(session.name, session.call(step.module, step.params))

@@ -13,8 +13,8 @@ from typing import Any
 
 from fleetctl import hostpaths
 from fleetctl.errors import HostError, RemoteOperationError
-from fleetctl.models.spec import ModelRef
-from fleetctl.transport.base import HostSession
+from fleetctl.models.ref import ModelRef
+from fleetctl.transport.base import HostSession, Step
 
 MODULE = "model_host"
 BAD_STATES = ("missing", "incomplete", "corrupt", "revision", "unverified")
@@ -91,10 +91,19 @@ def check_host(session: HostSession, refs: list[ModelRef], tier: str = "quick",
     return [read_answer(ref, got) for ref, got in zip(refs, answer["models"], strict=True)]
 
 
+def current_step(session: HostSession) -> Step:
+    """The call that asks for the models of the release serving on the host, for a sequence."""
+    return Step(MODULE, {"op": "current", "root": _root(session), "cache_dir": hostpaths.cache_dir(session.vars)})
+
+
 def current_on_host(session: HostSession) -> list[ModelState]:
     """The models of the release serving on the host (its service.json), quick tier."""
-    params = {"op": "current", "root": _root(session), "cache_dir": hostpaths.cache_dir(session.vars)}
-    answer = session.call(MODULE, params)
+    step = current_step(session)
+    return current_from_answer(session.call(step.module, step.params))
+
+
+def current_from_answer(answer: dict[str, Any]) -> list[ModelState]:
+    """``current_step``'s answer -> the models' states."""
     refs = [ModelRef(str(r["key"]), str(r["layout"]), str(r.get("path") or r.get("cache")), r.get("repo"),
                      r.get("revision") or r.get("expect_revision")) for r in answer["refs"]]
     return [read_answer(ref, got) for ref, got in zip(refs, answer["models"], strict=True)]

@@ -45,7 +45,7 @@ from fleetctl.overlay.plan import (
     plan_host,
     unpack,
 )
-from fleetctl.overlay.stream import Applied, Lost, python_of, stream_group, target_dirs
+from fleetctl.overlay.stream import Applied, EarlyStreams, Lost, python_of, stream_group, target_dirs
 from fleetctl.transport.base import HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet, HostContext
 
@@ -136,24 +136,37 @@ def matched_by_tree(src: SourceListing, own: Mapping[str, Any]) -> set[str]:
             and d.tree and found[name][0].get("tree") == d.tree}
 
 
+def own_listing(own: Mapping[str, Any], matched: set[str]) -> TargetListing:
+    """The target as its own tree listing describes it: no file lists (none needed)."""
+    return TargetListing(Interpreter.from_raw(own["interpreter"]), {}, {}, bool(own.get("inflight")),
+                         frozenset(matched))
+
+
 def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
                 own: Mapping[str, Any] | None = None) -> HostPlan:
     """What this target needs. With ``own`` (its own trees, listed beside the source) only the
     distributions whose trees differ are listed again, with their files."""
     src = files.listing
     matched = matched_by_tree(src, own) if own is not None else set()
-    if own is not None and matched == set(src.dists):
-        target = TargetListing(Interpreter.from_raw(own["interpreter"]), {}, {}, bool(own.get("inflight")),
-                               frozenset(matched))
-        return plan_host(session.name, req.target_venv, src, target)
     rest = sorted(set(src.dists) - matched)
-    raw = target_call(session, req, {"action": "list", "names": rest,
-                                     "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
-    target = parse_target(raw)
-    target = replace(target, matched=target.matched | matched)
+    if own is not None and not rest:
+        return plan_host(session.name, req.target_venv, src, own_listing(own, matched))
+    # None of them installed here, and no overlay of this venv cut short: nothing to compare file by
+    # file (a stray file already there with the same bytes is sent again, its end state the same).
+    fresh = own is not None and not own.get("inflight") and not {
+        canonicalize_name(n) for n in own.get("dists") or {}} & set(rest)
+    if fresh:
+        assert own is not None
+        target = own_listing(own, matched)
+    else:
+        raw = target_call(session, req, {"action": "list", "names": rest,
+                                         "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
+        target = parse_target(raw)
+        target = replace(target, matched=target.matched | matched)
     unmatched = set(src.dists) - target.matched
     if unmatched:
         src = files.complete(unmatched)
+    if unmatched and not fresh:
         paths = sorted({f.rel for n in unmatched for f in src.dists[n].files})
         found = target_call(session, req, {"action": "hashes", "paths_z": pack(paths)})
         target = replace(target, hashes=unpack(found["hashes_z"]))
@@ -182,11 +195,36 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
         first = own.get(ctx.name)
         return list_target(ctx, files, req, first.value if first is not None and first.ok else None)
 
-    results = {h: judged(r) for h, r in targets.map(plan).items()}
-    src = files.listing
-    report = OverlayReport(req, src, results)
-    if req.dry_run:
+    early = None if req.dry_run or req.direct else start_early(source, targets, files.listing, own, req)
+    try:
+        results = {h: judged(r) for h, r in targets.map(plan).items()}
+        report = OverlayReport(req, files.listing, results)
+        if not req.dry_run:
+            apply_plans(source, targets, report, early)
         return report
+    finally:
+        if early is not None:
+            early.close()
+
+
+def start_early(source: HostContext, targets: Fleet, src: SourceListing, own: Mapping[str, HostResult[Any]],
+                req: OverlayRequest) -> EarlyStreams:
+    """The streams of the targets whose own trees already differ from the source's (and one of the
+    source), started before their plans: ssh connects while the files are compared."""
+    early = EarlyStreams()
+    for name, ctx in targets.contexts.items():
+        first = own.get(name)
+        if first is not None and first.ok and first.value is not None \
+                and matched_by_tree(src, first.value) != set(src.dists):
+            early.start(ctx, "overlay_target", python_of(req.target_venv))
+    if early.started:
+        early.start(source, "overlay_source", python_of(req.venv))
+    return early
+
+
+def apply_plans(source: HostContext, targets: Fleet, report: OverlayReport, early: EarlyStreams | None) -> None:
+    """One stream per group of targets needing the same files; each target's outcome into the report."""
+    req, src, results = report.request, report.source, report.results
     groups: dict[tuple[str, ...], list[HostContext]] = {}
     for host, res in results.items():
         if res.ok and res.value is not None and res.value.plan.changes:
@@ -195,9 +233,8 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
             groups.setdefault(key, []).append(targets.contexts[host])
     for members in groups.values():
         plans = {c.name: _plan(results, c.name) for c in members}
-        for host, outcome in stream_group(source, members, src, plans, req).items():
+        for host, outcome in stream_group(source, members, src, plans, req, early).items():
             results[host] = _applied(results[host], outcome)
-    return report
 
 
 def _plan(results: Mapping[str, HostResult[HostOverlay]], host: str) -> HostPlan:

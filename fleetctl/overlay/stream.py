@@ -14,6 +14,7 @@ import struct
 import time
 import zlib
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,11 @@ from fleetctl.overlay.plan import HostPlan, OverlayRequest, SourceListing
 from fleetctl.transport.agent import module_source
 from fleetctl.transport.base import HostSession, Stream
 from fleetctl.transport.fleet import HostContext
-from fleetctl.transport.openssh import bulk_stream, keepalive_options  # the file stream: OpenSSH moves the bytes
+from fleetctl.transport.openssh import (  # the file stream: OpenSSH moves the bytes
+    bulk_stream,
+    keepalive_options,
+    openssh_wanted,
+)
 from fleetctl.transport.target import SSHTarget
 
 STREAM_MAGIC = b"\x00FLEETCTL-OVERLAY-1\n"
@@ -58,6 +63,42 @@ def stream_command(module: str, python: str) -> str:
     blob = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
     code = f"import zlib,base64;exec(zlib.decompress(base64.b64decode('{blob}')))"
     return f"exec {shlex.quote(python)} -c {shlex.quote(code)}"
+
+
+def open_stream(early: EarlyStreams | None, ctx: HostContext, module: str, python: str) -> Stream:
+    """``module``'s stream command on ``ctx``: the one started early for it, else a new one."""
+    if early is not None:
+        return early.take(ctx, module, python)
+    return bulk_stream(ctx.connector, stream_command(module, python))
+
+
+class EarlyStreams:
+    """Bulk streams started while the plans are still being made: their ssh connects and the remote
+    python starts meanwhile, so a fresh target's first byte does not wait for them after the plan.
+    Only OpenSSH streams (a process, started at once); each is taken by the group that needs it or
+    closed unused (its remote side then reads no plan and writes nothing)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="fleetctl-early")
+        self.started: dict[tuple[str, str], Future[Stream]] = {}
+
+    def start(self, ctx: HostContext, module: str, python: str) -> None:
+        if getattr(ctx.connector, "target", None) is not None and openssh_wanted():
+            command = stream_command(module, python)
+            self.started[(ctx.name, module)] = self.pool.submit(bulk_stream, ctx.connector, command)
+
+    def take(self, ctx: HostContext, module: str, python: str) -> Stream:
+        started = self.started.pop((ctx.name, module), None)
+        return started.result() if started is not None else bulk_stream(ctx.connector, stream_command(module, python))
+
+    def close(self) -> None:
+        for started in self.started.values():
+            try:
+                started.result().close()
+            except Exception:  # noqa: S110 - a stream never used: why it failed does not matter
+                pass
+        self.started.clear()
+        self.pool.shutdown()
 
 
 DIRECT_KEY_VAR = "direct_ssh_key"  # host var: the key file on the target for reaching the source
@@ -214,7 +255,7 @@ def source_params(src: SourceListing, plan: HostPlan, req: OverlayRequest) -> di
 
 
 def open_targets(members: list[HostContext], src: SourceListing, plans: Mapping[str, HostPlan],
-                 req: OverlayRequest, direct_from: HostContext | None = None
+                 req: OverlayRequest, direct_from: HostContext | None = None, early: EarlyStreams | None = None
                  ) -> tuple[dict[str, Stream], dict[str, Applied | str]]:
     sinks: dict[str, Stream] = {}
     failed: dict[str, Applied | str] = {}
@@ -225,7 +266,7 @@ def open_targets(members: list[HostContext], src: SourceListing, plans: Mapping[
                 command = stream_command("overlay_source", python_of(req.venv))
                 params["direct"] = {"argv": direct_argv(direct_from, ctx, command),
                                     "params": source_params(src, plans[ctx.name], req)}
-            stream = bulk_stream(ctx.connector, stream_command("overlay_target", python_of(req.target_venv)))
+            stream = open_stream(early, ctx, "overlay_target", python_of(req.target_venv))
             stream.send(frame(params))
             sinks[ctx.name] = stream
         except HostError as exc:
@@ -294,7 +335,8 @@ def collect(sink: Stream, timeout: float | None, host: str = "", direct_from: st
 
 
 def stream_group(source: HostContext, members: list[HostContext], src: SourceListing,
-                 plans: Mapping[str, HostPlan], req: OverlayRequest) -> dict[str, Applied | str]:
+                 plans: Mapping[str, HostPlan], req: OverlayRequest,
+                 early: EarlyStreams | None = None) -> dict[str, Applied | str]:
     """One source stream, forwarded to every target of the group; each target's outcome. With
     ``--direct`` each target pulls its own stream from the source, all at once."""
     timeout = source.settings.command_timeout
@@ -304,12 +346,12 @@ def stream_group(source: HostContext, members: list[HostContext], src: SourceLis
             outcomes[host] = collect(sink, timeout, host, source.name)
             sink.close()
         return outcomes
-    sinks, outcomes = open_targets(members, src, plans, req)
+    sinks, outcomes = open_targets(members, src, plans, req, early=early)
     if not sinks:
         return outcomes
     pipe: Stream | None = None
     try:
-        pipe = bulk_stream(source.connector, stream_command("overlay_source", python_of(req.venv)))
+        pipe = open_stream(early, source, "overlay_source", python_of(req.venv))
         pipe.send(frame(source_params(src, plans[next(iter(sinks))], req)))
         pump(pipe, sinks, outcomes, timeout)
     except Exception as exc:  # the source failed: no target may finish a partial stream

@@ -58,6 +58,9 @@ def service_host(session: HostSession, op: str, instance: str | None, holder: di
     if op == "status" or check:
         result.servers = [server_status(session, layout, n) for n in chosen]
         result.would = [would_do(op, server) for server in result.servers] if check else []
+        if check:  # with router_url: the gateway steps a real run takes, for the servers it changes
+            changing = [n for n, line in zip(chosen, result.would, strict=True) if not line.startswith("nothing")]
+            result.gates = gateway.service_plan(session, layout, changing, op) if changing else []
         return result
     with host_lock(session, layout, holder):
         for name in chosen:

@@ -1,3 +1,4 @@
+# fleetctl-include: python_versions
 """Host facts, gathered ON the host: system, disks, Python interpreters, raw nvidia-smi output.
 
 Stdlib only, Python >= 3.8. ``main(params)`` returns one JSON-able dict and never prints.
@@ -13,6 +14,7 @@ params (all optional):
   gpu_health:   also NVLink, ``topo -m`` (2 GPUs or more), the GPU processes' owners and the kernel log's
                 Xid lines (default true; with gpu_only, default false)
   service_dir:  the service's pidfiles (fleetctl_state_dir/service): a GPU process under one is the server's
+  cache_dir:    where each interpreter's version is remembered between runs (python_versions.py)
 """
 
 import os
@@ -26,7 +28,6 @@ import time
 
 DEFAULT_DISK_PATHS = ("/", "/opt", "/var/lib")
 SMI_TIMEOUT_S = 20.0
-PYTHON_TIMEOUT_S = 5.0
 MAX_OUTPUT_CHARS = 200000  # nvidia-smi with many processes can be long; keep the JSON bounded
 MAX_XML_CHARS = 4000000  # nvidia-smi -q -x of 8 GPUs is about 50 KB once supported_clocks is dropped
 # The supported-clocks table is 80% of the XML and nothing reads it: dropped on the host.
@@ -34,9 +35,6 @@ SUPPORTED_CLOCKS = r"(?s)[ \t]*<supported_clocks>.*?</supported_clocks>\n?"
 XID_MARK = "NVRM: Xid"
 MAX_XID_LINES = 200  # the newest ones
 UNREADABLE = r"(?i)insufficient permissions|not seeing messages from other users"
-PYTHON_NAME = r"^python3(\.\d+)?$"
-PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
-VERSION_SNIPPET = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 
 
 def main(params):
@@ -62,7 +60,7 @@ def main(params):
             "version": platform.python_version(),
             "full_version": sys.version,
         },
-        "pythons": find_pythons(),
+        "pythons": find_pythons(params.get("cache_dir")),
         "nvidia_smi": nvidia_smi(params.get("nvidia_smi"), params.get("gpu_health", True), params.get("service_dir")),
     }
     if params.get("venv"):
@@ -122,53 +120,6 @@ def disk_usage(path):
     except OSError:
         return None
     return {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
-
-
-def find_pythons():
-    """python3 / python3.X on PATH and in the usual bin folders, each asked for its version once."""
-    import re
-    from concurrent.futures import ThreadPoolExecutor
-    dirs = []
-    for d in os.environ.get("PATH", "").split(os.pathsep) + list(PYTHON_DIRS):
-        if d and d not in dirs:
-            dirs.append(d)
-    paths = []
-    for d in dirs:
-        try:
-            names = sorted(os.listdir(d))
-        except OSError:
-            continue
-        for name in names:
-            path = os.path.join(d, name)
-            if re.match(PYTHON_NAME, name) and os.access(path, os.X_OK) and not os.path.isdir(path):
-                paths.append((path, os.path.realpath(path)))
-    # python3 and python3.11 are often one binary: ask each real file once, in parallel, since
-    # wrappers such as pyenv shims take a few hundred ms each.
-    reals = sorted(set(real for _, real in paths))
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        versions = dict(zip(reals, pool.map(python_version_of, reals)))
-    found = []
-    for path, real in paths:
-        version, error = versions[real]
-        found.append({"path": path, "realpath": real, "version": version, "error": error})
-    return found
-
-
-def python_version_of(path):
-    import subprocess
-    try:
-        proc = subprocess.run(
-            [path, "-c", VERSION_SNIPPET], capture_output=True, timeout=PYTHON_TIMEOUT_S, text=True,
-        )
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {PYTHON_TIMEOUT_S:g}s"
-    except OSError as exc:
-        return None, str(exc)
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        first = lines[0][:300] if lines else ""  # e.g. "pyenv: python3.10: command not found"
-        return None, f"exited {proc.returncode}: {first}"
-    return proc.stdout.strip() or None, None
 
 
 def which(name):

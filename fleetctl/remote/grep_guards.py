@@ -74,10 +74,14 @@ def longest_common(needles, members):
 
 def first_matches(data, needles, groups):
     """Where each needle first occurs in ``data`` (-1: nowhere), as [data.find(n) for n in needles]
-    answers, with a guarded group's needles looked for only where their guard occurs."""
+    answers, with a guarded group's needles looked for only where their guard occurs: in a file that
+    holds the guard, from its first occurrence on (a needle at m holds the guard at m + k, k where
+    the needle holds it first, so it starts no earlier than that occurrence less k). sglang/srt's
+    235 files with "amba" hold 8.9 MB: ~1.5 of the ~5.7 ms their three needles' passes took."""
     firsts = [-1] * len(needles)
     for guard, members in groups:
-        if guard is None or data.find(guard) >= 0:
+        at = 0 if guard is None else data.find(guard)
+        if at >= 0:
             for i in members:
-                firsts[i] = data.find(needles[i])
+                firsts[i] = data.find(needles[i], max(0, at - needles[i].find(guard)) if at else 0)
     return firsts

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import struct
-import tarfile
 import time
 import zlib
 from stat import S_ISREG
@@ -27,7 +26,7 @@ def journal_path(prefix, state_dir=None):
 
 
 class Decompressor(object):
-    """A read-only file object over `read(n)` (stdin, or a direct source): what tarfile reads,
+    """A read-only file object over `read(n)` (stdin, or a direct source): what TarReader reads,
     zlib-decompressed when the source compressed it (`compressed`), else as it came."""
 
     def __init__(self, read, compressed=True):
@@ -42,18 +41,19 @@ class Decompressor(object):
         self.buf += self.z.decompress(chunk) if self.z is not None else chunk
 
     def ended(self):
-        # Uncompressed, the tar's own end-of-archive blocks are the end (tarfile has read them).
+        # Uncompressed, the tar's own end-of-archive block is the end (TarReader has read it).
         return self.z is None or self.z.eof
 
     def read(self, size=-1):
-        if self.z is None:  # as it came: what has arrived (tarfile asks again), never wait for more
+        if self.z is None:  # as it came: what has arrived (TarReader asks again), never wait for more
             if not self.buf and size != 0:
                 self.fill()
         else:
             while (size < 0 or len(self.buf) < size) and not self.z.eof:
                 self.fill()
-        size = len(self.buf) if size < 0 else size
-        out = bytes(self.buf[:size])
+        size = len(self.buf) if size < 0 else min(size, len(self.buf))
+        with memoryview(self.buf) as view:
+            out = bytes(view[:size])  # one copy, not a bytearray slice and then bytes of it
         del self.buf[:size]  # deleting from the front of a bytearray is O(1) in CPython
         return out
 
@@ -62,19 +62,17 @@ class Decompressor(object):
             self.fill()
 
 
-class HashingReader(object):
-    """A file object's bytes as they are copied, with their sha256 (RECORD's urlsafe form)."""
+WHOLE = 1 << 20  # a file up to this size is checked in memory before it is written
 
-    def __init__(self, content):
-        self.content, self.h = content, hashlib.sha256()
 
-    def read(self, size=-1):
-        data = self.content.read(size)
-        self.h.update(data)
-        return data
+def urlsafe(h):
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode("ascii")
 
-    def digest(self):
-        return base64.urlsafe_b64encode(self.h.digest()).rstrip(b"=").decode("ascii")
+
+def hashed(chunks, h):
+    for chunk in chunks:
+        h.update(chunk)
+        yield chunk
 
 
 class ChangedAtSource(IOError):
@@ -96,6 +94,9 @@ class Applier(object):
                              for rel, digest in d.get("files", {}).items())
         self.cache = HashCache(user_cache_dir(plan.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"),
                                self.prefix)
+        self.fresh = {}  # folder -> made by this run (no bytecode in it to drop), looked at once
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
 
     def path(self, rel, strict=True):
         path = os.path.normpath(os.path.join(self.site, rel))
@@ -125,31 +126,79 @@ class Applier(object):
             elif os.path.lexists(temp):
                 os.unlink(temp)
 
-    def land(self, member, content):
-        """`content`: the member's file object; a dist-info file is read whole (it is written last),
-        any other is copied to its temporary name in chunks (a 1 GB library is never held whole)."""
-        rel = os.path.normpath(member.name)
+    def land(self, name, mode, mtime, size, reader):
+        """One regular file of the stream (its bytes from `reader`): a dist-info file is read whole
+        (it is written last), any other lands under its temporary name, checked against the hash
+        the source listed, then renamed; a large one is copied in chunks (never held whole)."""
+        rel = os.path.normpath(name)
         path = self.path(rel)
         if rel.split("/", 1)[0].endswith(".dist-info"):
-            self.meta.append((rel, path, content.read(), member.mode, member.mtime))  # written last, see apply()
+            self.meta.append((rel, path, reader.content(size), mode, mtime))  # written last, see apply()
             return
-        hashing = HashingReader(content)
-        tmp = write_temp(path, hashing, member.mode, member.mtime)
-        digest, want = hashing.digest(), self.expected.get(rel)
-        if want is not None and digest != want:
-            discard(tmp)
-            raise ChangedAtSource("%s arrived with sha256 %s, not the %s the source listed: it changed on the "
-                                  "source during the transfer; run again" % (rel, digest, want))
+        h, want = hashlib.sha256(), self.expected.get(rel)
+        if size <= WHOLE:  # checked before anything is written: a changed file leaves nothing behind
+            data = reader.content(size)
+            h.update(data)
+            self.check(rel, h, want)
+            tmp, st = self.write_new(path, (data,), mode, mtime)
+        else:
+            tmp, st = self.write_new(path, hashed(reader.chunks(size), h), mode, mtime)
+            try:
+                self.check(rel, h, want)
+            except ChangedAtSource:
+                discard(tmp)
+                raise
         try:
             os.replace(tmp, path)
         except BaseException:
             discard(tmp)
             raise
-        self.cache.store(path, os.stat(path), digest, None)
-        drop_bytecode(path)
+        self.cache.store(path, st, urlsafe(h), None)
+        if self.fresh.get(path.rpartition("/")[0]) is not True:  # a folder made by this run holds no bytecode
+            drop_bytecode(path)
         self.written += 1
         if self.plan.get("throttle_s"):
             time.sleep(float(self.plan["throttle_s"]))
+
+    @staticmethod
+    def check(rel, h, want):
+        digest = urlsafe(h)
+        if want is not None and digest != want:
+            raise ChangedAtSource("%s arrived with sha256 %s, not the %s the source listed: it changed on the "
+                                  "source during the transfer; run again" % (rel, digest, want))
+
+    def write_new(self, path, chunks, mode, mtime):
+        """`chunks` written under the temporary name of `path`, created with its mode (chmod only
+        where the umask took bits away), its mtime set through the open file; (temp name, its
+        stat). Its folder is made (or found) once per run. On any failure no temporary file is left."""
+        folder, _, base = path.rpartition("/")
+        if folder not in self.fresh:
+            self.fresh[folder] = not os.path.isdir(folder)
+            if self.fresh[folder]:
+                os.makedirs(folder)
+        tmp = folder + "/." + base + TEMP_SUFFIX
+        flags, mode = os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o7777
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:  # a leftover of an interrupted write: never reuse its (maybe wider) mode
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, mode)
+        try:
+            try:
+                for chunk in chunks:
+                    view, done = memoryview(chunk), 0
+                    while done < len(view):
+                        done += os.write(fd, view[done:])
+                if mode & (self.umask | 0o7000):
+                    os.fchmod(fd, mode)
+                os.utime(fd, (mtime, mtime))
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            discard(tmp)  # a full disk (or any failure) leaves no temporary file behind
+            raise
+        return tmp, st
 
     def remove_old_files(self):
         folders = set()

@@ -1,6 +1,7 @@
 # fleetctl-include: relocate
 # fleetctl-include: venvinfo
 # fleetctl-include: writable
+# fleetctl-include: overlay_tar
 # The source side of `fleetctl venv overlay`, run by the source venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -24,7 +25,6 @@ import re
 import struct
 import sys
 import sysconfig
-import tarfile
 import zlib
 from stat import S_ISLNK
 
@@ -205,7 +205,7 @@ def main(params):
 
 
 class Framer(object):
-    """A write-only file object: sends what tarfile writes on `out` in frames (4-byte length +
+    """A write-only file object: sends the tar's bytes written to it on `out` in frames (4-byte length +
     bytes), zlib-compressed first when `level` > 0; a zero-length frame closes a stream that ended
     well, so the controller can tell a finished source from one that died."""
 
@@ -266,38 +266,53 @@ def read_params(inp):
     return json.loads(inp.read(size).decode("utf-8"))
 
 
+def send_file(sink, rel, handle, size):
+    """A large binary's bytes from its open file, exactly the size its header gave."""
+    left = size
+    while left > 0:
+        chunk = handle.read(min(CHUNK, left))
+        if not chunk:
+            raise IOError("%s shrank on the source while sending" % rel)
+        sink.write(chunk)
+        left -= len(chunk)
+
+
 def stream_main():
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    if not inp.peek(1):
+        return  # a stream started early and not needed after all: nothing asked, nothing sent
     params = read_params(inp)
     info = interpreter()
     dists = {}
     out.write(STREAM_MAGIC)
     sink = Framer(out, int(params.get("level", 0)))
-    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK)
-    tar.copybufsize = CHUNK  # tarfile's default copies large files 16 KB at a time
     for entry, rel in params["send"]:
         if entry not in dists:
             dists[entry] = Dist(info["site"], entry, info["prefix"], params["target_prefix"].rstrip("/"))
         dist = dists[entry]
-        item = tarfile.TarInfo(rel)
         path, st = dist.located(rel) if rel != entry + "/RECORD" else (None, None)
         handle = binary_file(path, st.st_size) if st is not None else None
         try:
             if handle is not None:
-                item.size = os.fstat(handle.fileno()).st_size
+                size, data = os.fstat(handle.fileno()).st_size, None
                 dist.moved[rel] = None  # binary, never relocated: RECORD keeps its row, no second read
             else:
-                data, _moved = dist.content(rel)
+                data, _moved = dist.content(rel, path)
                 if data is None:
                     raise IOError("%s vanished from the source while sending" % rel)
-                item.size, handle = len(data), io.BytesIO(data)
-            item.mode, mtime = (st.st_mode & 0o7777, st.st_mtime) if st is not None else dist.mode(rel)
-            item.mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
-            tar.addfile(item, handle)
+                size = len(data)
+            mode, mtime = (st.st_mode & 0o7777, st.st_mtime) if st is not None else dist.mode(rel)
+            mtime = int(mtime) if mtime is not None else int(os.path.getmtime(dist.folder))
+            sink.write(tar_header(rel, size, mode, mtime))
+            if data is None:
+                send_file(sink, rel, handle, size)
+            else:
+                sink.write(data)
+            sink.write(tar_padding(size))
         finally:
             if handle is not None:
                 handle.close()
-    tar.close()
+    sink.write(END_OF_ARCHIVE)
     sink.close()
 
 

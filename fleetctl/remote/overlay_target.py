@@ -1,6 +1,7 @@
 # fleetctl-include: relocate
 # fleetctl-include: venvinfo
 # fleetctl-include: writable
+# fleetctl-include: overlay_tar
 # fleetctl-include: overlay_apply
 # The target side of `fleetctl venv overlay`, run by the target venv's own python.
 #
@@ -32,7 +33,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import tempfile
 import time
 import zlib
@@ -246,14 +246,15 @@ def apply(plan, read):
                          % applier.prefix):
         applier.begin()
     source = Decompressor(read, int(plan.get("level", 1)) > 0)
-    received = set()
-    member = None
+    reader, received, name = TarReader(source), set(), None
     try:
-        with tarfile.open(fileobj=source, mode="r|", bufsize=1 << 20) as tar:
-            for member in tar:
-                if member.isfile():
-                    applier.land(member, tar.extractfile(member))
-                    received.add(os.path.normpath(member.name))
+        while True:
+            member = reader.next_file()
+            if member is None:
+                break
+            name = member[0]
+            applier.land(*member, reader=reader)
+            received.add(os.path.normpath(name))
         source.finish()
     except (IOError, OSError) as exc:
         applier.cache.save()  # what landed whole is known, whatever stopped the rest
@@ -262,7 +263,7 @@ def apply(plan, read):
         applier.clear_leftovers()  # the journal stays: the next run knows this one did not finish
         raise DiskFull("no space left on device in %s (writing %s); temporary files removed, %d files written "
                        "(each whole), the old dist-info still in place: run again when there is room"
-                       % (applier.prefix, member.name if member is not None else "?", applier.written))
+                       % (applier.prefix, name or "?", applier.written))
     applier.cache.save()
     missing = sorted(set(os.path.normpath(r) for r in plan["expect"]) - received)
     if missing:
@@ -284,6 +285,8 @@ def stream_main():
     header = b""
     while len(header) < 4:
         chunk = os.read(fd, 4 - len(header))
+        if not chunk and not header:
+            return  # a stream started early and not needed after all: nothing asked, nothing to say
         if not chunk:
             raise EOFError("no plan received")
         header += chunk

@@ -1,8 +1,8 @@
 """Controller side of the remote agent: start it once per host, then one message per operation.
 
 The agent (``fleetctl/remote/agent.py``) is shipped inline in the start command as
-zlib+base64 source, so nothing is installed on the host. Module sources are sent once per
-agent and cached there by hash.
+zlib+base64 source, so nothing is installed on the host (``agent_boot.py`` keeps its compiled
+code there). Module sources are sent once per agent and cached there by hash.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import AgentError, ConnectError, RemoteOperationError
+from fleetctl.transport.agent_boot import start_code
 from fleetctl.transport.base import Connector, Progress, Step, Stream
 
 REMOTE_DIR = Path(__file__).resolve().parent.parent / "remote"  # host-side code, shipped as source
@@ -76,7 +77,7 @@ def bootstrap_command(interpreters: list[str]) -> str:
 
 @cache
 def _bootstrap_command(interpreters: tuple[str, ...]) -> str:  # built once per run, not per host
-    return _under_first_python(_inline_code("agent", "fleetctl_agent"), interpreters)
+    return _under_first_python(start_code(*module_source("agent"), "fleetctl_agent"), interpreters)
 
 
 def stream_command(module: str, interpreters: list[str], params: Any) -> str:

@@ -17,14 +17,16 @@ every module's top level runs afresh once per command; the same error classes co
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fleetctl.errors import AgentError, ConnectError, FleetError
 from fleetctl.transport import mux, mux_server
+from fleetctl.transport.agent import AgentInfo
 
 if TYPE_CHECKING:
     import socket
@@ -227,6 +229,9 @@ class _Held:
     fresh: set[tuple[int, str]] = field(default_factory=set)
 
 
+_INFO_FIELDS = tuple(f.name for f in fields(AgentInfo))
+
+
 def serve_call_many(server: mux_server.MuxServer, conn: socket.socket, msg: dict[str, Any]) -> None:
     """Answer ``msg`` and every later ``call_many`` frame of this connection (one command's pass),
     holding each host between frames as one host's session does; released when the command goes."""
@@ -249,8 +254,9 @@ def _serve_frame(server: mux_server.MuxServer, conn: socket.socket, msg: dict[st
                  held: dict[str, _Held], pool: ThreadPoolExecutor) -> None:
     server.persist = max(server.persist, float(msg.get("persist") or 0))
     sources = dict(msg.get("sources") or {})
+    stat_once = functools.cache(mux_server.file_key)  # each known_hosts and key file stat-ed once per frame
     futures = [pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
-                           held.setdefault(h["host"], _Held()), msg.get("persist")) for h in msg["hosts"]]
+                           held.setdefault(h["host"], _Held()), msg.get("persist"), stat_once) for h in msg["hosts"]]
     try:
         for future in futures:
             mux.send_frame(conn, future.result())
@@ -260,14 +266,15 @@ def _serve_frame(server: mux_server.MuxServer, conn: socket.socket, msg: dict[st
         raise
 
 
-def _answer(server: mux_server.MuxServer, host: dict[str, Any], held: _Held, persist: Any) -> dict[str, Any]:
+def _answer(server: mux_server.MuxServer, host: dict[str, Any], held: _Held, persist: Any,
+            stat_key: Callable[[str | None], list[Any]] = mux_server.file_key) -> dict[str, Any]:
     """One host's request, as ``MuxServer._session`` answers it after ``attach``."""
     attached = None
     try:
         if held.kept is None:  # the command's first request to this host: check (or replace) it first
-            held.kept = server.attach({**host, "persist": persist})
+            held.kept = server.attach({**host, "persist": persist}, stat_key)
             assert held.kept.main.info is not None
-            attached = asdict(held.kept.main.info)
+            attached = {f: getattr(held.kept.main.info, f) for f in _INFO_FIELDS}  # asdict, without its deep copies
         request = host["request"]
         if attached is not None and request.get("op") == "ping":
             result: Any = attached  # attaching pinged the agent: that is this ping (as MuxAgentClient.ping)

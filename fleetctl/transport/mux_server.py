@@ -253,10 +253,11 @@ class MuxServer:
                                             "traceback": d.remote_traceback}} for d in done], kept
         raise ValueError(f"unknown op {op!r}")
 
-    def attach(self, msg: dict[str, Any]) -> KeptHost:
+    def attach(self, msg: dict[str, Any], stat_key: Callable[[str | None], list[Any]] = file_key) -> KeptHost:
+        """``msg``'s host, kept or connected now, checked with one round trip (``stat_key``: as entry_key)."""
         host, target, interpreters = msg["host"], msg["target"], list(msg["interpreters"])
         self.persist = max(self.persist, float(msg.get("persist") or 0))
-        key = entry_key(host, target, interpreters)
+        key = entry_key(host, target, interpreters, stat_key)
         while True:
             with self.lock:
                 kept = self.hosts.get(key)
