@@ -56,9 +56,10 @@ DOMINATES: dict[str, str] = {
                   "a shell script and an XML file per host); the controller's 15.3 ms per host (12.6 at 200) "
                   "grows as ping's does. Kept: the hosts' 11.5 ms per host; the controller 2.8 ms per host.",
     "probe_grep": "kept (13:13, load 40 as it started), the controller: 24.1 ms per host (8.5 at 200) and "
-                  "709 KiB of peak RSS per host, 24 CPU-seconds of the 40.6 s: probe still goes host by host "
-                  "through the connection server (not batched as ping is), and every host's matched lines "
-                  "come back to the CLI; the hosts' 44 ms per host is second. Fresh: no figure: one host of "
+                  "709 KiB of peak RSS per host, 24 CPU-seconds of the 40.6 s: the requests go in one frame per round "
+                  "as every kept read's do, but every host's matched lines (the largest answer of any job) are "
+                  "decoded by the connection server, encoded again, decoded by the CLI and held for the output; "
+                  "the hosts' 44 ms per host is second. Fresh: no figure: one host of "
                   "1,000 was lost as `agent did not start in time` (the agent's start had a fixed 30 s under "
                   "-e ansible_timeout=60; now it is given the connect timeout), the whole job taking 450 s "
                   "with the hosts' grep (62 ms per host at 200) queued on 2 cores.",
