@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from fleetctl.transport.mux import MuxAgentClient
 
 T = TypeVar("T")
-AGENT_START_S = 30.0  # the least an agent's start is given (AgentClient's own default)
 log = logging.getLogger("fleetctl.transport")
 
 
@@ -126,10 +125,9 @@ def _agent(host: Host, connector: Connector, settings: RunSettings) -> AgentClie
         from fleetctl.transport.mux import MuxAgentClient
 
         return MuxAgentClient(host.name, target, interpreters(host.connection), settings.persist)
-    # The agent's start (its interpreter starting on the host) gets at least the connect timeout: a
-    # host busy enough to take longer than the fixed 30 s was lost though the user allowed more.
-    start = max(AGENT_START_S, float(getattr(target, "connect_timeout", 0) or 0))
-    return AgentClient(host.name, connector, agent_interpreters(host, settings), start_timeout=start)
+    if target is None:  # a local connection: the agent's own start timeout
+        return AgentClient(host.name, connector, agent_interpreters(host, settings))
+    return AgentClient(host.name, connector, agent_interpreters(host, settings), start_timeout=target.agent_start_s)
 
 
 def agent_interpreters(host: Host, settings: RunSettings) -> list[str]:

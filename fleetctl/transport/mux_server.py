@@ -71,7 +71,7 @@ class KeptHost:
 
         self.host = host
         self.connector: SSHConnector = SSHConnector(host, target)
-        self.main: AgentClient = AgentClient(host, self.connector, interpreters)
+        self.main: AgentClient = AgentClient(host, self.connector, interpreters, start_timeout=target.agent_start_s)
         self.others: dict[str, AgentClient | None] = {}  # python -> its agent (None: it would not start)
         self.lock = threading.Lock()  # guards ``others``
         self.last_used = time.monotonic()
@@ -87,7 +87,8 @@ class KeptHost:
             return self.main, None
         with self.lock:
             if python not in self.others:
-                agent: AgentClient | None = AgentClient(self.host, self.connector, [python])
+                agent: AgentClient | None = AgentClient(self.host, self.connector, [python],
+                                                          start_timeout=self.connector.target.agent_start_s)
                 try:
                     assert agent is not None
                     agent.ping()

@@ -55,6 +55,9 @@ class ConnectOptions:
     become_password: str | None = field(default=None, repr=False)
 
 
+AGENT_START_S = 30.0  # the least an agent's start is given (AgentClient's own default)
+
+
 @dataclass(frozen=True)
 class SSHTarget:
     """Everything that decides one SSH connection; ``jump`` is the previous hop's own target."""
@@ -83,6 +86,12 @@ class SSHTarget:
     def key_name(self) -> str:
         """The name this host's key is pinned and checked under in known_hosts."""
         return hostkeys.key_name(self.hostname, self.port)
+
+    @property
+    def agent_start_s(self) -> float:
+        """How long the agent's interpreter may take to start: at least the agent's own 30 s, and the
+        connect timeout where the user allowed more (a host busy enough to need it is not lost)."""
+        return max(AGENT_START_S, self.connect_timeout)
 
 
 def resolve_become(
