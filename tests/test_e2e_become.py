@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -219,6 +220,29 @@ def test_the_right_become_password_works_from_the_inventory_and_from_k(
         piped = _run(fleetop_inventory, "-b", "-K", "-l", "lab2", "shell", "id -un", stdin=LAB_PASSWORD + "\n")
         assert piped.returncode == 0 and "root" in piped.stdout, piped.stdout + piped.stderr
         assert LAB_PASSWORD not in piped.stdout + piped.stderr
+
+
+def test_become_and_commands_work_past_descriptor_1023(
+        release_free_lab: LabHandle, fleetop_inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A controller holding a thousand connections has descriptors past 1,023, where ``select``
+    fails: sudo's password handshake and a command's output are waited on with ``poll``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1200
+    if soft < want + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, want + 400), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(want)]  # every new descriptor is past 1,023
+    try:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+        assert held[-1] > 1023
+        with sudo_mode(release_free_lab, "lab2", "password"):
+            r = cli(capsys, fleetop_inventory, "-b", "-e", f"ansible_become_password={LAB_PASSWORD}", "-l", "lab2",
+                    "shell", "--json", "id -un; echo done")
+        assert r.rc == 0, r.out + r.err
+        assert r.json()["hosts"]["lab2"]["value"]["stdout"] == "root\ndone\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_play_and_task_become_keywords(release_free_lab: LabHandle, fleetop_inventory: Path, tmp_path: Path,

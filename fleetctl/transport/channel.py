@@ -8,6 +8,7 @@ import time
 from collections import deque
 from typing import Any
 
+from fleetctl.transport import fdwait
 from fleetctl.transport.output import tail_text
 
 PID_TAG = "@@FLEETCTL-PID "
@@ -61,10 +62,8 @@ class ChannelStream:
 
     def read_stderr(self, timeout: float) -> bytes:
         """What stderr holds now, waiting up to ``timeout`` for anything (stdout too) to arrive."""
-        import select
-
         if not (self.channel.recv_stderr_ready() or self.channel.recv_ready()):
-            select.select([self.channel], [], [], timeout)
+            fdwait.readable([self.channel], timeout)
         data = b""
         while self.channel.recv_stderr_ready():
             data += self.channel.recv_stderr(65536)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 from collections import deque
 
 from fleetctl.errors import CommandError
+from fleetctl.transport import fdwait
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.output import BoundedCapture, tail_text
 
@@ -35,7 +35,7 @@ class PipeStream:
             view = view[os.write(self._in, view):]
 
     def recv(self, max_bytes: int, timeout: float | None) -> bytes:
-        ready, _, _ = select.select([self._out], [], [], timeout)
+        ready = fdwait.readable([self._out], timeout)
         if not ready:
             raise TimeoutError
         return os.read(self._out, max_bytes)
@@ -44,7 +44,7 @@ class PipeStream:
         return self.proc.poll() is None
 
     def stderr_tail(self) -> str:
-        while select.select([self._errfd], [], [], 0)[0]:
+        while fdwait.readable([self._errfd], 0):
             chunk = os.read(self._errfd, 65536)
             if not chunk:
                 break
@@ -100,7 +100,7 @@ class LocalConnector:
                 if left is not None and left <= 0:
                     _kill_group(proc)
                     raise CommandError(self.host, command, None, tail_text(err.text()))
-                ready, _, _ = select.select(list(open_fds), [], [], left)
+                ready = fdwait.readable(open_fds, left)
                 for fd in ready:
                     data = os.read(fd, 65536)
                     if data:

@@ -203,8 +203,10 @@ class MuxServer:
                         self.forget(kept)
                         kept = None
                     send_frame(conn, {"ok": False, "error": error_payload(exc)})
-        except (OSError, EOFError, ValueError):
-            return
+        except (OSError, EOFError, ValueError) as exc:  # the command went away, or sent what is not a frame
+            log.warning("session ended: %s: %s", type(exc).__name__, exc)
+        except Exception:
+            log.exception("session failed")
         finally:
             conn.close()
             with self.lock:

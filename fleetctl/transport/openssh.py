@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import math
 import os
-import select
 import shlex
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import time
 from typing import Any
 
 from fleetctl.errors import BecomeError, ConnectError
-from fleetctl.transport import become
+from fleetctl.transport import become, fdwait
 from fleetctl.transport.base import Stream
 from fleetctl.transport.local import PipeStream
 from fleetctl.transport.target import SSHTarget
@@ -114,7 +113,7 @@ class OpenSSHStream(PipeStream):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self._out, *([self._errfd] if self._err_open else [])], [], [], left)
+            ready = fdwait.readable([self._out, *([self._errfd] if self._err_open else [])], left)
             if self._errfd in ready:  # unread stderr would fill its pipe and stall ssh: keep the tail
                 chunk = os.read(self._errfd, 65536)
                 self._err_open = bool(chunk)
@@ -126,7 +125,7 @@ class OpenSSHStream(PipeStream):
                 raise TimeoutError
 
     def stdout_ready(self) -> bool:
-        if not self._ahead and select.select([self._out], [], [], 0)[0]:
+        if not self._ahead and fdwait.readable([self._out], 0):
             self._ahead = os.read(self._out, 65536)
             if not self._ahead:  # EOF: nothing will come; recv reports it
                 return False
@@ -134,9 +133,9 @@ class OpenSSHStream(PipeStream):
 
     def read_stderr(self, timeout: float) -> bytes:
         """What stderr holds now, waiting up to ``timeout`` for anything (stdout too) to arrive."""
-        select.select([self._out, self._errfd], [], [], timeout)
+        fdwait.readable([self._out, self._errfd], timeout)
         data = b""
-        while select.select([self._errfd], [], [], 0)[0]:
+        while fdwait.readable([self._errfd], 0):
             chunk = os.read(self._errfd, 65536)
             if not chunk:
                 break

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import select
 import signal
 import struct
 import sys
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Protocol, TypeVar
 
+from fleetctl.transport import fdwait
 from fleetctl.transport.base import Connector, HostResult, Status
 
 
@@ -125,7 +125,7 @@ def _collect(contexts: Sequence[C], children: dict[int, tuple[int, range]]) -> I
     next_out = 0
     open_fds = set(children)
     while open_fds:
-        ready, _, _ = select.select(list(open_fds), [], [])
+        ready = fdwait.readable(open_fds, None)
         for fd in ready:
             data = os.read(fd, 1 << 16)
             if not data:

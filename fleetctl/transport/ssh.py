@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from fleetctl.errors import BecomeError, CommandError, ConnectError, HostKeyError
-from fleetctl.transport import become, client_keys, hostkeys
+from fleetctl.transport import become, client_keys, fdwait, hostkeys
 from fleetctl.transport.base import CommandResult
 from fleetctl.transport.channel import PID_TAG, ChannelStream, _PidReader, close_quietly
 from fleetctl.transport.output import BoundedCapture, tail_text
@@ -181,8 +181,6 @@ class SSHConnector:
         """``command`` through the login shell on its own channel. Output is kept in bounded memory
         (``BoundedCapture``); at the timeout the command's whole process group is killed on the host
         (sshd made the shell a session leader; it says its pid first, on stderr)."""
-        import select
-
         conn = self._open()
         start = time.monotonic()
         chan = self._session(conn)
@@ -230,7 +228,7 @@ class SSHConnector:
                 if not busy:
                     left = 0.5 if not exited_at else 0.05
                     left = left if deadline is None else max(0.0, min(left, deadline - time.monotonic()))
-                    select.select([chan], [], [], left)
+                    fdwait.readable([chan], left)
             rc = chan.recv_exit_status()
         finally:
             close_quietly(chan)
