@@ -215,6 +215,22 @@ def request(sock: socket.socket, msg: dict[str, Any]) -> dict[str, Any]:
     return dict(answer)
 
 
+def server_failed(path: Path, exc: BaseException) -> str:
+    """Why a request through the server at ``path`` got no answer: whether its process is gone
+    (killed: the kernel's out-of-memory killer takes the largest process, and leaves no line in
+    its log) or still runs."""
+    pid = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int(path.with_suffix(".pid").read_text())
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state not in ("Z", "X"):  # a zombie (the command that started it has not reaped it) is gone
+            return (f"persistent-connection server (pid {pid}) failed ({exc}); its log: {path.with_suffix('.log')}; "
+                    "`fleetctl connections stop` restarts it")
+    return (f"persistent-connection server{f' (pid {pid})' if pid else ''} ended during this command ({exc}); "
+            f"its log: {path.with_suffix('.log')} (a kill, e.g. the kernel's out-of-memory killer, leaves no line "
+            "there); the next command starts a new one")
+
+
 class RequestBatch(Protocol):
     """A fleet pass that sends its hosts' requests together (``mux_calls.KeptRounds``)."""
 
@@ -250,8 +266,7 @@ class MuxAgentClient:
                                         "interpreters": self.interpreters, "persist": self.persist})
             except (OSError, EOFError, ValueError) as exc:
                 sock.close()
-                raise AgentError(self.host, f"persistent-connection server failed ({exc}); "
-                                            "`fleetctl connections stop` restarts it") from None
+                raise AgentError(self.host, server_failed(self.path, exc)) from None
             if not answer.get("ok"):
                 sock.close()
                 raise_payload(self.host, answer.get("error") or {})
@@ -274,8 +289,7 @@ class MuxAgentClient:
                 answer = request(sock, msg)
             except (OSError, EOFError, ValueError) as exc:
                 self._drop()
-                raise AgentError(self.host, f"persistent-connection server failed ({exc}); "
-                                            "`fleetctl connections stop` restarts it") from None
+                raise AgentError(self.host, server_failed(self.path, exc)) from None
             if not answer.get("ok"):
                 raise_payload(self.host, answer.get("error") or {})
             return answer.get("result")

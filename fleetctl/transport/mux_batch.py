@@ -84,8 +84,7 @@ def _ask_many(contexts: list[HostContext], persist: float, forks: int) -> Iterat
             done += 1
             yield dict(answer)
     except (OSError, EOFError, ValueError) as exc:
-        failed = {"ok": False, "error": {"class": "AgentError", "reason": (
-            f"persistent-connection server failed ({exc}); `fleetctl connections stop` restarts it")}}
+        failed = {"ok": False, "error": {"class": "AgentError", "reason": mux.server_failed(first.path, exc)}}
         for _ in range(done, len(contexts)):
             yield failed
     finally:

@@ -181,7 +181,7 @@ class KeptRounds:
                         raise EOFError("the persistent-connection server closed the connection")
                     answers.append(dict(answer))
         except Exception as exc:  # never raised here: every host waiting on this frame must get an answer
-            self.broken = f"persistent-connection server failed ({exc}); `fleetctl connections stop` restarts it"
+            self.broken = mux.server_failed(batch[0].agent.path, exc)
         failed = {"ok": False, "error": {"class": "AgentError", "reason": self.broken}}
         return answers + [failed] * (len(batch) - len(answers))
 
