@@ -30,3 +30,16 @@ def test_readable_at_any_descriptor_number_with_timeout_and_end() -> None:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one() -> None:
+    """A soft 1,024 (a common default) is less than 1,000 hosts' connections: a fleet raises it."""
+    import subprocess
+    import sys
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    code = ("import resource; from fleetctl.transport import fdwait; fdwait.raise_open_files_limit(); "
+            "print(*resource.getrlimit(resource.RLIMIT_NOFILE))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    assert done.stdout.split() == [str(hard), str(hard)], done.stdout + done.stderr

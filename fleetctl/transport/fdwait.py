@@ -28,3 +28,17 @@ def readable(objs: Iterable[Any], timeout: float | None) -> list[Any]:
         poller.register(fd, select.POLLIN | select.POLLPRI)
     ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
     return [by_fd[fd] for fd, event in poller.poll(ms) if event & _READABLE]
+
+
+def raise_open_files_limit() -> None:
+    """The soft limit on open files up to the hard one: a soft 1,024 (a common default) is less than a
+    thousand hosts' connections need. Safe here: nothing in fleetctl waits with ``select``."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):  # e.g. above the kernel's nr_open: keep what there is
+            pass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetctl.errors import ConnectError, FleetError, InputError
-from fleetctl.transport import hostkeys
+from fleetctl.transport import fdwait, hostkeys
 from fleetctl.transport.agent import AgentClient, AgentInfo
 from fleetctl.transport.base import CommandResult, Connector, HostResult, Progress, Status, Step
 from fleetctl.transport.target import Become, ConnectOptions, SSHTarget, resolve_become, resolve_target
@@ -160,6 +160,7 @@ class Fleet:
     def __init__(self, inventory: Inventory, hosts: list[Host], settings: RunSettings | None = None) -> None:
         self.inventory = inventory
         self.settings = settings or RunSettings()
+        fdwait.raise_open_files_limit()
         if self.settings.persist > 0 and any(h.connection.kind != "local" for h in hosts):
             from fleetctl.transport.mux import mux_dir, private_dir
 

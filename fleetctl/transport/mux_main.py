@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from fleetctl import redact
+from fleetctl.transport.fdwait import raise_open_files_limit
 from fleetctl.transport.mux import private_dir
 from fleetctl.transport.mux_batch import serve_ping_many
 from fleetctl.transport.mux_calls import serve_call_many
@@ -19,6 +20,7 @@ def main(argv: list[str]) -> int:
     redact.install()  # its log (stderr) masks every secret a request brings (mux.target_from_doc)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s mux[%(process)d] %(levelname)s %(message)s")
     private_dir(path.parent)
+    raise_open_files_limit()  # it holds one connection per kept host
     try:
         return MuxServer(path, persist, {"ping_many": serve_ping_many, "call_many": serve_call_many}).serve()
     except OSError as exc:
