@@ -52,6 +52,7 @@ import scale_report  # noqa: E402
 from fleetctl.lab import LabFleet, LabPaths, lab_down, lab_up  # noqa: E402
 
 LAB_DIR = ROOT / ".fleetctl" / "scale-lab"
+TOOLS_APART_FROM = 1000  # hosts: from here tools do not alternate within a round (measure_size)
 BASE = f"127.{100 + int(hashlib.sha256(str(ROOT).encode()).hexdigest(), 16) % 100}.120.0"
 ALL_JOBS = ("ping", "facts", "drift", "probe_grep", "gpu_health", "report")
 ANSIBLE_UP_TO = 32  # ansible-core takes minutes a sample past this; pyinfra and OpenSSH run at every size
@@ -228,10 +229,17 @@ def measure_size(size: Size, wanted: list[str], runs: int, meter: Any, doc: dict
         t0 = time.monotonic()
         load = os.getloadavg()
         tools = {k: v for k, v in getattr(size, job)().items() if not Size.only or k in Size.only}
-        try:
-            got = sj.rounds(tools, runs, meter)
-        finally:
-            size.stop_kept()
+        # At 1,000 the kept server's agents (two per host for drift: the system python's and the
+        # venv's, ~4 MiB each) and a fresh run's (an agent and a venv child per host) do not fit in
+        # this machine's 23.5 GiB beside the lab: the kernel's OOM killer took the server (14:35).
+        # There each tool runs its rounds alone, the server stopped after them.
+        groups = [tools] if size.count < TOOLS_APART_FROM else [{k: v} for k, v in tools.items()]
+        got: dict[str, Any] = {}
+        for group in groups:
+            try:
+                got.update(sj.rounds(group, runs, meter))
+            finally:
+                size.stop_kept()
         entry = doc["results"].setdefault(job, {}).setdefault(str(size.count), {})
         stamp = {"load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()],
                  "runs": runs, "command": doc["command"]}

@@ -171,7 +171,9 @@ def markdown(doc: dict[str, Any]) -> str:
            f"{doc['date']} (the last run); {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}, "
            f"{m['openssh']}; peers: {', '.join(f'{k} {v}' for k, v in doc['peers'].items())}. Medians of each "
            f"row's runs (its hosts cell says how many) after {doc['warmup']} warm-up, tools alternating "
-           "within each round. The machine is shared (7 other "
+           "within each round below 1,000 hosts; at 1,000 each tool runs its rounds alone, the kept server "
+           "stopped after them (its agents and a fresh run's do not fit in this machine's memory together: "
+           "bench/scale.py TOOLS_APART_FROM). The machine is shared (7 other "
            "engineers and CI): the load average (1/5/15 min) as each job started stands beside it. Wall time "
            "is the noisiest column; controller CPU, peak RSS and hosts' CPU are much steadier.", "",
            *(["Commands (merged with --merge, each size and job stating its own): "
