@@ -335,6 +335,10 @@ def test_failed_hosts_are_kept_apart() -> None:
     report = core.audit(r)
     assert "1 hosts failed (b)" in report.summary()
     assert drift_report.to_json(report)["hosts"]["b"] == {"status": "unreachable", "reason": "cannot connect"}
+    for i in range(12):  # a thousand failed hosts make no summary line: the first ten, then how many more
+        r[f"h{i:02d}"] = HostResult(f"h{i:02d}", Status.FAILED, reason="no venv")
+    line = core.audit(r).summary()
+    assert line.endswith("; 13 hosts failed (b, h00, h01, h02, h03, h04, h05, h06, h07, h08 (+3 more))"), line
 
 
 class _Cells(HTMLParser):

@@ -43,6 +43,7 @@ class Kind(StrEnum):
 
 
 INFO_KINDS = frozenset({Kind.PATCHED, Kind.OVERLAY, Kind.SHARED})
+FAILED_NAMED = 10  # failed hosts named in the summary line
 _SEPARATORS = re.compile(r"[-_.]+")
 
 
@@ -333,7 +334,9 @@ class DriftReport:
                 parts.append(f"{n} {label}")
         line = f"{len(self.drifting_hosts)} of {total} hosts drift: " + ", ".join(parts)
         if self.failed:
-            line += f"; {len(self.failed)} hosts failed ({', '.join(sorted(self.failed))})"
+            named = sorted(self.failed)  # a thousand names make no line: each failure has its own below
+            more = f" (+{len(named) - FAILED_NAMED} more)" if len(named) > FAILED_NAMED else ""
+            line += f"; {len(named)} hosts failed ({', '.join(named[:FAILED_NAMED])}{more})"
         return line
 
 
