@@ -196,7 +196,8 @@ def encode_answer(answer):
     value several hosts answered alike once, without decoding it (transport/agent_pass.py). The
     text is ASCII (the encoder escapes the rest): offsets in characters are offsets in bytes."""
     result = answer.get("result")
-    if answer.get("ok") is True and type(result) is dict and result and all(type(k) is str for k in result):
+    plain = answer.get("ok") is True and len(answer) == 3 and "id" in answer  # id, ok, result: nothing else
+    if plain and type(result) is dict and result and all(type(k) is str for k in result):
         parts, spans, pos = [], [], 1
         for key, value in result.items():
             head, text = dumps(key) + ": ", dumps(value)
