@@ -3,9 +3,10 @@
 The server used to decode each host's answer, encode its result again into the frame for the
 command, which decoded it a third time: for ``probe grep`` over a thousand hosts (the largest
 answers of any job) most of the controller's CPU and memory. The agent writes every answer as
-``{"id": N, "ok": true, "result": ...}`` in that key order (``remote/agent.py``), so the server
-checks that prefix (the request's own id, and ok) and keeps the message's bytes as they came
-(``RawResult``); the command decodes them, once. Anything else (a failure, another id, another
+``{"id": N, "ok": true, "result": ...}`` in that key order (``remote/agent.py``; a large object
+result with ``"spans"`` before it: where each top-level value lies), so the server checks that
+prefix (the request's own id, and ok) and keeps the message's bytes as they came (``RawResult``);
+the command decodes them, once (``mux_answers.py``). Anything else (a failure, another id, another
 order, an older agent) is decoded here as ``AgentClient`` always does, with the same errors.
 """
 
