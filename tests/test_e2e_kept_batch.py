@@ -168,3 +168,75 @@ def test_host_functions_that_wait_on_each_other_still_finish(sglang_lab: LabHand
         results = fleet.map(one_at_a_time)
         assert fleet.kept_frames == 2  # one host's request per frame
     assert all(r.ok for r in results.values()), results
+
+
+def _frames_seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every message this process reads from the connection server (a frame's answers among them)."""
+    seen: list[dict[str, Any]] = []
+    real = mux.recv_frame
+
+    def recording(sock: Any) -> Any:
+        got = real(sock)
+        if isinstance(got, dict):
+            seen.append(got)
+        return got
+
+    monkeypatch.setattr(mux, "recv_frame", recording)
+    return seen
+
+
+def test_kept_probe_grep_sends_the_lines_hosts_share_once_and_answers_as_fresh(
+        sglang_lab: LabHandle, mux_dir: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """lab1 and lab3 hold the same sglang: their matched lines cross from the server once (a
+    reference for the second, beside its own timing); lab2's differ and cross whole. The answer is
+    the fresh one."""
+    base = ("-i", str(sglang_lab.inventory_path), "-l", "all")
+    args = (*COMMANDS["probe grep"], "--json")
+    run_cli(capsys, *base, *args)  # host caches (the grep cache) warm for every run compared
+    fresh = run_cli(capsys, *base, *args)
+    run_cli(capsys, *base, "--persist", "60", *args)  # the server connects every host
+    seen = _frames_seen(monkeypatch)
+    kept = run_cli(capsys, *base, "--persist", "60", *args)
+    assert kept.rc == fresh.rc == 0, (fresh.err, kept.err)
+    assert _differences(_untimed(kept.json()), _untimed(fresh.json())) == []
+    answers = [m for m in seen if "raw" in m]  # the grep's: passed through the server undecoded
+    assert len(answers) == 3, seen
+    shared = [m for m in answers if m.get("refs")]
+    assert len(shared) == 1 and all(host in (0, 1, 2) and host != answers.index(shared[0])
+                                    for _, host, _ in shared[0]["refs"]), answers
+    values = {h: kept.json()["hosts"][h]["value"] for h in ("lab1", "lab3")}
+    assert values["lab1"]["files"] == values["lab3"]["files"] and values["lab1"]["matched_lines"] > 0
+
+
+def test_hosts_that_answer_alike_share_one_answer_and_a_failure_mid_pass_keeps_its_class(
+        sglang_lab: LabHandle, mux_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rounds: every host's venv packages (lab1 and lab3 alike, lab2 other); then lab2's agent
+    dies while lab1 and lab3 ask again. As over fresh connections, host by host, error class too;
+    what lab1 and lab3 answered alike crossed once and is one object."""
+    monkeypatch.setattr(mux_calls, "STALL_S", 600.0)
+    python = f"{ML_VENV}/bin/python"
+
+    def two_rounds(ctx: Any) -> Any:
+        first = ctx.call("venv_packages", {}, python=python)
+        if ctx.name == "lab2":
+            return ctx.call("selftest", {"action": "die"})
+        return first, ctx.call("venv_packages", {}, python=python)
+
+    inv = load_inventory(sglang_lab.inventory_path)
+    with Fleet(inv, inv.select("all"), RunSettings()) as fleet:
+        fresh = fleet.map(two_rounds)
+    seen = _frames_seen(monkeypatch)
+    with Fleet(inv, inv.select("all"), RunSettings(persist=60)) as fleet:
+        kept = fleet.map(two_rounds)
+        assert fleet.kept_frames == 2
+    assert {h: (r.status, r.details.get("error")) for h, r in kept.items()} == {
+        h: (r.status, r.details.get("error")) for h, r in fresh.items()}
+    assert kept["lab2"].details.get("error") == "AgentError", kept["lab2"]
+    for host in ("lab1", "lab3"):
+        assert kept[host].value == fresh[host].value
+    one, three = kept["lab1"].value, kept["lab3"].value
+    assert one is not None and three is not None and one[0] is three[0] and one[1] is three[1]
+    assert one[0]["packages"]["sglang"] == "0.5.23"
+    answers = [m for m in seen if "raw" in m]
+    assert len(answers) == 5 and len([m for m in answers if "same" in m]) == 2, answers

@@ -11,7 +11,8 @@
 #           {"id", "op": "sequence", "steps": [{"module", "hash", "source"?, "params"}, ...]} -- calls in
 #            the agent, in order, to the first failure; answered with one answer per step that ran.
 #            The host finishes a sequence even when the controller goes away meanwhile.
-# Answers:  {"id", "ok": true, "result": ...} | {"id", "ok": false, "error": {"type", "message", "traceback"}}
+# Answers:  {"id", "ok": true, "spans"?, "result": ...} | {"id", "ok": false, "error": {"type", "message",
+#           "traceback"}}, in that key order (the connection server passes a result on undecoded: encode_answer)
 # Module source is shipped once per run and cached here by hash. The agent exits at EOF on
 # stdin, so it never outlives the connection that started it.
 #
@@ -186,6 +187,31 @@ def write_message(out, obj):
     out.flush()
 
 
+SPANS_MIN = 4096  # a result this long (encoded) says where each of its top-level values lies
+
+
+def encode_answer(answer):
+    """An answer's bytes, id then ok first. A large object result comes with "spans" (where each
+    top-level value lies in the result's text, from its "{"), so the connection server can send a
+    value several hosts answered alike once, without decoding it (transport/agent_pass.py). The
+    text is ASCII (the encoder escapes the rest): offsets in characters are offsets in bytes."""
+    result = answer.get("result")
+    plain = answer.get("ok") is True and len(answer) == 3 and "id" in answer  # id, ok, result: nothing else
+    if plain and type(result) is dict and result and all(type(k) is str for k in result):
+        parts, spans, pos = [], [], 1
+        for key, value in result.items():
+            head, text = dumps(key) + ": ", dumps(value)
+            pos += len(head)
+            spans += [pos, pos + len(text)]
+            parts.append(head + text)
+            pos += len(text) + 2
+        body = "{" + ", ".join(parts) + "}"
+        if len(body) >= SPANS_MIN:
+            return ('{"id": %s, "ok": true, "spans": %s, "result": %s}'
+                    % (dumps(answer.get("id")), dumps(spans), body)).encode("utf-8")
+    return dumps(dict({"id": answer.get("id"), "ok": answer.get("ok")}, **answer)).encode("utf-8")
+
+
 class Agent(object):
     def __init__(self, out=None):
         self.out = out  # where progress frames go (the protocol's stdout)
@@ -316,7 +342,9 @@ def serve(inp, out):
         except BaseException as exc:  # SystemExit from a module too: the agent goes on, the caller gets the error
             answer = {"ok": False, "error": _error(exc)}
         answer["id"] = req.get("id")
-        write_message(out, answer)
+        data = encode_answer(answer)
+        out.write(struct.pack(">I", len(data)) + data)
+        out.flush()
 
 
 def watchdog(fd, ppid):

@@ -62,8 +62,8 @@ SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
 _SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_calls.py",
-                _HERE / "mux_main.py",
-                _HERE / "agent.py", _HERE / "ssh.py", _HERE / "channel.py", _HERE / "hostkeys.py",
+                _HERE / "mux_main.py", _HERE / "mux_answers.py", _HERE / "agent.py", _HERE / "agent_pass.py",
+                _HERE / "ssh.py", _HERE / "channel.py", _HERE / "hostkeys.py",
                 _HERE.parent / "remote" / "agent.py")
 
 
@@ -97,12 +97,21 @@ def private_dir(path: Path) -> Path:
 
 # -- framing -------------------------------------------------------------------------------------
 def send_frame(sock: socket.socket, obj: Any) -> None:
-    data = json.dumps(obj, default=str).encode()
+    send_bytes(sock, json.dumps(obj, default=str).encode())
+
+
+def send_bytes(sock: socket.socket, data: bytes) -> None:
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
 def recv_frame(sock: socket.socket) -> Any:
     """The next message, or ``None`` at a clean end of stream."""
+    body = recv_bytes(sock)
+    return None if body is None else json.loads(body)
+
+
+def recv_bytes(sock: socket.socket) -> bytes | None:
+    """The next message's bytes, undecoded, or ``None`` at a clean end of stream."""
     header = _recv_exact(sock, 4)
     if header is None:
         return None
@@ -112,7 +121,7 @@ def recv_frame(sock: socket.socket) -> Any:
     body = _recv_exact(sock, size)
     if body is None:
         raise EOFError("stream ended inside a message")
-    return json.loads(body)
+    return body
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

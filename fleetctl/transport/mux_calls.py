@@ -20,13 +20,14 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fleetctl.errors import AgentError, ConnectError, FleetError
 from fleetctl.transport import mux, mux_server
 from fleetctl.transport.agent import AgentInfo
+from fleetctl.transport.mux_answers import FrameReader, FrameSender, shareable
 
 if TYPE_CHECKING:
     import socket
@@ -175,11 +176,9 @@ class KeptRounds:
                 mux.send_frame(self.sock, {"op": "call_many", "hosts": hosts, "sources": sources,
                                            "persist": self.persist, "forks": self.forks})
                 self.frames += 1
+                reader = FrameReader(self.sock)
                 while len(answers) < len(batch):
-                    answer = mux.recv_frame(self.sock)
-                    if answer is None:
-                        raise EOFError("the persistent-connection server closed the connection")
-                    answers.append(dict(answer))
+                    answers.append(reader.read(len(answers)))
         except Exception as exc:  # never raised here: every host waiting on this frame must get an answer
             self.broken = mux.server_failed(batch[0].agent.path, exc)
         failed = {"ok": False, "error": {"class": "AgentError", "reason": self.broken}}
@@ -255,14 +254,19 @@ def _serve_frame(server: mux_server.MuxServer, conn: socket.socket, msg: dict[st
     server.persist = max(server.persist, float(msg.get("persist") or 0))
     sources = dict(msg.get("sources") or {})
     stat_once = functools.cache(mux_server.file_key)  # each known_hosts and key file stat-ed once per frame
-    futures = [pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
-                           held.setdefault(h["host"], _Held()), msg.get("persist"), stat_once) for h in msg["hosts"]]
+    futures: list[Future[dict[str, Any]] | None] = [
+        pool.submit(_answer, server, {**h, "request": _sources_in(h["request"], sources)},
+                    held.setdefault(h["host"], _Held()), msg.get("persist"), stat_once) for h in msg["hosts"]]
+    sender = FrameSender(conn)
     try:
-        for future in futures:
-            mux.send_frame(conn, future.result())
+        for index, future in enumerate(futures):
+            assert future is not None  # only those already sent are dropped
+            sender.send(index, future.result(), shareable(msg["hosts"][index]["request"]))
+            futures[index] = None  # sent: its answer is not held to the frame's end
     except OSError:  # the command went away: the requests not yet started are not made
-        for future in futures:
-            future.cancel()
+        for left in futures:
+            if left is not None:
+                left.cancel()
         raise
 
 
@@ -279,7 +283,7 @@ def _answer(server: mux_server.MuxServer, host: dict[str, Any], held: _Held, per
         if attached is not None and request.get("op") == "ping":
             result: Any = attached  # attaching pinged the agent: that is this ping (as MuxAgentClient.ping)
         else:
-            result, _ = server.handle(request, held.kept, held.fresh)
+            result, _ = server.handle(request, held.kept, held.fresh, raw=True)  # passed on undecoded
         return {"ok": True, "result": result, "info": attached}
     except Exception as exc:
         if not isinstance(exc, FleetError):

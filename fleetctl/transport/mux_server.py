@@ -25,6 +25,7 @@ from fleetctl.errors import (
     FleetError,
     RemoteOperationError,
 )
+from fleetctl.transport.agent_pass import PassThroughAgent
 from fleetctl.transport.base import Step
 from fleetctl.transport.mux import (
     error_payload,
@@ -34,7 +35,6 @@ from fleetctl.transport.mux import (
 )
 
 if TYPE_CHECKING:
-    from fleetctl.transport.agent import AgentClient
     from fleetctl.transport.ssh import SSHConnector, SSHTarget
 
 log = logging.getLogger("fleetctl.mux")
@@ -66,29 +66,26 @@ class KeptHost:
     """One host's kept connection and its agents (one per interpreter asked for)."""
 
     def __init__(self, host: str, target: SSHTarget, interpreters: list[str]) -> None:
-        from fleetctl.transport.agent import AgentClient
         from fleetctl.transport.ssh import SSHConnector
 
         self.host = host
         self.connector: SSHConnector = SSHConnector(host, target)
-        self.main: AgentClient = AgentClient(host, self.connector, interpreters, start_timeout=target.agent_start_s)
-        self.others: dict[str, AgentClient | None] = {}  # python -> its agent (None: it would not start)
+        self.main = PassThroughAgent(host, self.connector, interpreters, start_timeout=target.agent_start_s)
+        self.others: dict[str, PassThroughAgent | None] = {}  # python -> its agent (None: it would not start)
         self.lock = threading.Lock()  # guards ``others``
         self.last_used = time.monotonic()
         self.users = 0
         self.checked = False  # the last attach found it kept and checked it with one round trip
 
-    def agent_for(self, python: str | None) -> tuple[AgentClient, str | None]:
+    def agent_for(self, python: str | None) -> tuple[PassThroughAgent, str | None]:
         """The agent that runs a call under ``python`` itself, or the main agent and a child python."""
-        from fleetctl.transport.agent import AgentClient
-
         main_python = self.main.info.python if self.main.info else None
         if python is None or python == main_python:
             return self.main, None
         with self.lock:
             if python not in self.others:
-                agent: AgentClient | None = AgentClient(self.host, self.connector, [python],
-                                                          start_timeout=self.connector.target.agent_start_s)
+                agent: PassThroughAgent | None = PassThroughAgent(
+                    self.host, self.connector, [python], start_timeout=self.connector.target.agent_start_s)
                 try:
                     assert agent is not None
                     agent.ping()
@@ -216,8 +213,9 @@ class MuxServer:
                     kept.users -= 1
                     kept.last_used = time.monotonic()
 
-    def handle(self, msg: dict[str, Any], kept: KeptHost | None,
-                fresh: set[tuple[int, str]]) -> tuple[Any, KeptHost | None]:
+    def handle(self, msg: dict[str, Any], kept: KeptHost | None, fresh: set[tuple[int, str]],
+               raw: bool = False) -> tuple[Any, KeptHost | None]:
+        """``msg``'s answer; ``raw``: a call's successful result may come back undecoded (agent_pass.RawResult)."""
         op = msg.get("op")
         if op == "attach":
             kept = self.attach(msg)
@@ -242,8 +240,9 @@ class MuxServer:
             agent, python = kept.agent_for(msg.get("python"))
             first = (id(agent), msg["module"]) not in fresh
             fresh.add((id(agent), msg["module"]))
-            return agent.call(msg["module"], msg.get("params"), python=python, timeout=msg.get("timeout"),
-                              source=(msg["source"], msg["hash"]), fresh=first), kept
+            call = agent.call_raw if raw else agent.call
+            return call(msg["module"], msg.get("params"), python=python, timeout=msg.get("timeout"),
+                        source=(msg["source"], msg["hash"]), fresh=first), kept
         if op == "sequence":  # answered as raw per-step answers: the client turns them into outcomes
             steps = []
             for s in msg["steps"]:
