@@ -193,6 +193,7 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
     inv = load_inventory(lab_fleet.inventory_path)
     started = f"/tmp/fleetctl-busy-agent-{os.getpid()}-{time.monotonic_ns()}"  # made by the request on lab1
     ended: list[float] = []
+    released: list[float] = []
 
     def hold(ctx: Any) -> Any:  # held until the test removes `started` (at most 120 s)
         answer = ctx.call("selftest", {"action": "sleep", "seconds": 120, "started": started, "until_removed": True})
@@ -201,6 +202,7 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
 
     def release_later() -> None:  # once the ping below is under way (it must wait for the hold)
         time.sleep(3)
+        released.append(time.monotonic())  # before the hold can end: nothing after it is ordered by threads
         lab_fleet.ssh("lab1", f"rm -f {started}")
 
     with Fleet(inv, inv.select("lab1"), PERSIST) as fleet, ThreadPoolExecutor(1) as pool:
@@ -220,7 +222,10 @@ def test_a_fleet_ping_waits_for_a_kept_agent_another_command_is_using(
     assert r.rc == 0, r.err
     hosts = r.json()["hosts"]
     assert all(hosts[h]["status"] == "ok" and hosts[h]["value"]["hostname"] == h for h in lab_fleet.hosts), hosts
-    assert ended and ended[0] <= pinged  # lab1 answered the ping only once the other request was done
+    # lab1 answered the ping only once the other request was done, so after it was released (a
+    # ping that did not wait would be back within the 3 s before that); `ended` is recorded by
+    # another thread and may come a moment after the ping's answer.
+    assert ended and released and released[0] <= pinged
     assert _agent_pids(lab_fleet.inventory_path) == first  # every host answered on its kept agent
 
 
