@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,22 @@ def test_json_output_is_indented_to_each_host_entry_and_reads_back_whole(capsys:
     assert lines[:4] == ["{", '  "hosts": {', '    "lab1": {', '      "status": "ok",']
     assert lines[4] == '      "value": ' + json.dumps(value, default=str)
     assert '  "matrix": []' in lines and lines[-1] == "}"
+
+
+def test_json_output_is_written_host_by_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand hosts' --json is never one string in memory: no single write holds more than one
+    host's entry (the text is the same, piece by piece)."""
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    value = {"files": [{"path": f"sglang/srt/m{i}.py", "lines": ["x" * 80] * 50} for i in range(20)]}
+    doc = {"hosts": {f"lab{i}": {"status": "ok", "value": value} for i in range(50)}, "summary": {"ok": 50}}
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    emit_json(doc)
+    one_host = len(json.dumps(value))
+    assert max(len(w) for w in writes) <= one_host + 100
+    assert json.loads("".join(writes)) == doc
