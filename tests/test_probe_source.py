@@ -514,3 +514,18 @@ def test_search_workers_are_the_idle_cpus(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(os, "getloadavg", unavailable)
     assert source.worker_count({}, 10_000) == 8
+
+
+def test_hosts_that_matched_alike_share_their_converted_lines() -> None:
+    """The connection server gives hosts that matched alike one decoded list of files: each host's
+    result and its --json entry then hold one converted list, not a copy per host (a thousand
+    hosts' copies were most of a kept probe grep's memory); another list is converted on its own."""
+    files = [{"path": "sglang/srt/a.py", "lines": 10, "counts": {"Mamba": 1},
+              "hits": [{"line": 3, "text": "class Mamba:", "terms": ["Mamba"]}], "context": [[2, "x"]]}]
+    base = {"counts": {"Mamba": 1}, "truncated": False, "searched_files": 5, "package_dir": "/p",
+            "python": "/usr/bin/python3", "matched_lines": 1, "shown": 1}
+    one, two = (GrepHostResult.from_dict({**base, "files": files, "elapsed_ms": ms}) for ms in (1.0, 2.0))
+    assert one.files is two.files and one.to_dict()["files"] is two.to_dict()["files"]
+    other = GrepHostResult.from_dict({**base, "files": [dict(files[0])]})
+    assert other.files is not one.files and other.files == one.files
+    assert one.to_dict()["files"] == files and one.to_dict()["elapsed_ms"] == 1.0

@@ -11,6 +11,7 @@ A *hit* is a matching line. ``counts[term]`` is the number of lines containing t
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,34 @@ class FileHits:
                    [(int(n), str(t)) for n, t in d["context"]])
 
 
+class _SharedConversions:
+    """A conversion of one object made once while that object lives here: the connection server
+    hands hosts that matched alike one decoded list of files (transport/mux_answers.py), and a
+    thousand hosts' converted copies were most of a kept ``probe grep --json``'s memory. Keyed by
+    identity, the source held so its id cannot be reused; the last few only. Readers never change
+    the lists (checked: the CLI's renderers, the playbook's probe module)."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()  # host functions convert in their threads
+
+    def get(self, source: Any, convert: Callable[[Any], Any]) -> Any:
+        with self._lock:
+            found = self._seen.get(id(source))
+            if found is not None and found[0] is source:
+                return found[1]
+            made = convert(source)
+            if len(self._seen) >= self.KEEP:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[id(source)] = (source, made)
+            return made
+
+
+_SHARED = _SharedConversions()
+
+
 @dataclass(frozen=True)
 class GrepHostResult:
     files: list[FileHits]
@@ -115,7 +144,8 @@ class GrepHostResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GrepHostResult:
         return cls(
-            files=[FileHits.from_dict(f) for f in d["files"]], counts=dict(d["counts"]),
+            files=_SHARED.get(d["files"], lambda raw: [FileHits.from_dict(f) for f in raw]),
+            counts=dict(d["counts"]),
             truncated=bool(d["truncated"]), searched_files=int(d["searched_files"]),
             package_dir=d["package_dir"], python=d["python"], python_version=d.get("python_version", ""),
             matched_lines=int(d["matched_lines"]), shown=int(d["shown"]),
@@ -127,9 +157,10 @@ class GrepHostResult:
     def to_dict(self) -> dict[str, Any]:
         # Field by field, not asdict: its deep copy of every hit was a tenth of a 32-host --json run.
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["files"] = [{"path": f.path, "lines": f.lines, "counts": dict(f.counts),
-                         "hits": [{"line": h.line, "text": h.text, "terms": list(h.terms)} for h in f.hits],
-                         "context": [list(c) for c in f.context]} for f in self.files]
+        out["files"] = _SHARED.get(self.files, lambda files: [
+            {"path": f.path, "lines": f.lines, "counts": dict(f.counts),
+             "hits": [{"line": h.line, "text": h.text, "terms": list(h.terms)} for h in f.hits],
+             "context": [list(c) for c in f.context]} for f in files])
         out["counts"] = dict(self.counts)
         return out
 
