@@ -147,7 +147,14 @@ def print_grep(results: dict[str, HostResult[GrepHostResult]], rows: list[CountR
     from rich.text import Text
 
     out = render.console()
-    for hosts, v in gather(results, lambda v: (v.package_dir, repr(v.files), v.matched_lines)):
+    shown_as: dict[int, str] = {}  # hosts that matched alike hold one list (probes.search): its text once
+
+    def same_lines(v: GrepHostResult) -> tuple[str, str, int]:
+        if id(v.files) not in shown_as:
+            shown_as[id(v.files)] = repr(v.files)
+        return v.package_dir, shown_as[id(v.files)], v.matched_lines
+
+    for hosts, v in gather(results, same_lines):
         detail = f"{v.matched_lines} matching lines in {len(v.files)} of {v.searched_files} files, {v.package_dir}"
         out.print(heading(hosts, detail), soft_wrap=True)
         shown = [f for f in v.files if f.hits]
