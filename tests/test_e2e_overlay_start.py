@@ -15,6 +15,7 @@ from sglang_support import make_venv, wheel_set
 from fleetctl.overlay import calls as overlay_calls
 from fleetctl.overlay import run as overlay_run
 from fleetctl.overlay import stream as overlay_stream
+from fleetctl.transport.agent import module_source
 from fleetctl.transport.fleet import HostContext
 
 pytestmark = pytest.mark.lab
@@ -65,8 +66,9 @@ def test_a_fresh_overlay_lists_each_host_over_the_process_that_then_carries_its_
     file lists from what it described for the listing), then the target takes its plan and the
     source sends: one ssh connection per host, no agent started on either. A target holding none
     of the distributions (and no overlay cut short) is not asked to list or hash its files. The
-    overlay lands whole. A re-run with nothing to change asks the same two processes, sends
-    nothing, and still starts no agent."""
+    overlay lands whole; each process's compiled code is kept on its host for the next start. A
+    re-run with nothing to change asks the same two processes, sends nothing, and still starts no
+    agent."""
     make_venv(lab_fleet, "lab1", SRC, wheel_set("requests==2.32.3"))
     lab_fleet.ssh("lab2", f"rm -rf {shlex.quote(DST)} && /usr/bin/python3 -m venv --without-pip {shlex.quote(DST)}")
     events = _watched(monkeypatch)
@@ -80,6 +82,9 @@ def test_a_fresh_overlay_lists_each_host_over_the_process_that_then_carries_its_
     assert [e for e in events if e[1] == "lab2" and e[0] != "stream"] == [("list", "lab2")], events
     assert ("source file lists", "lab1") in events
     assert _digests(lab_fleet, "lab2", DST) == _digests(lab_fleet, "lab1", SRC)
+    for host, module in (("lab1", "overlay_source"), ("lab2", "overlay_target")):  # compiled once, kept
+        code = f"/var/lib/fleetctl/cache/code/agent-{module_source(module)[1]}-cpython-311.code"
+        assert lab_fleet.ssh(host, f"test -s {code}", check=False).returncode == 0, (host, code)
     events.clear()
     again = run_cli(capsys, *args)
     assert again.rc == 0 and again.json()["line"] == "1 targets: 0 changed, 1 nothing to change", again.out[-2000:]
