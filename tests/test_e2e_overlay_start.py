@@ -12,7 +12,6 @@ from cli_support import run_cli
 from lab_support import LabHandle
 from sglang_support import make_venv, wheel_set
 
-from fleetctl.overlay import calls as overlay_calls
 from fleetctl.overlay import run as overlay_run
 from fleetctl.overlay import stream as overlay_stream
 from fleetctl.transport.agent import module_source
@@ -26,7 +25,7 @@ def _watched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """What the overlay asks of each host, in order: the target's listings, the source's file lists,
     each bulk stream started, each agent call (the real ones, recorded on the way)."""
     events: list[tuple[str, str]] = []
-    real_stream, real_call, real_complete = (overlay_calls.bulk_stream, overlay_run.target_call,
+    real_stream, real_call, real_complete = (overlay_stream.bulk_stream, overlay_run.target_call,
                                              overlay_run.SourceFiles.complete)
     real_agent = HostContext.call
 
@@ -46,7 +45,6 @@ def _watched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         events.append(("agent " + module, self.name))
         return real_agent(self, module, *args, **kwargs)
 
-    monkeypatch.setattr(overlay_calls, "bulk_stream", bulk_stream)
     monkeypatch.setattr(overlay_stream, "bulk_stream", bulk_stream)
     monkeypatch.setattr(overlay_run, "target_call", target_call)
     monkeypatch.setattr(overlay_run.SourceFiles, "complete", complete)

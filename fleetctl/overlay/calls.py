@@ -13,8 +13,9 @@ import struct
 from typing import Any, Protocol
 
 from fleetctl.errors import ConnectError, RemoteOperationError
-from fleetctl.overlay.stream import Reader, bulk_stream, frame, stream_command
-from fleetctl.transport.base import Stream
+from fleetctl.overlay import stream as overlay_stream
+from fleetctl.overlay.stream import Reader, frame, stream_command
+from fleetctl.transport.base import HostSession, Stream
 from fleetctl.transport.fleet import HostContext
 
 CALL_MAGIC = b"\x00FLEETCTL-OVERLAY-CALL\n"
@@ -23,7 +24,9 @@ NO_PYTHON = "fleetctl: InterpreterNotFound"  # what stream_command says when the
 
 class HostCalls(Protocol):
     name: str
-    ctx: HostContext
+
+    @property
+    def ctx(self) -> HostSession: ...
 
     def call(self, params: dict[str, Any]) -> Any: ...
 
@@ -35,9 +38,10 @@ class HostCalls(Protocol):
 
 
 class AgentCalls:
-    """Kept connections: the host's kept agent answers, in a child under the venv's python."""
+    """The host's agent answers, in a child under the venv's python: over kept connections, and for
+    a caller that holds a session (the playbook's ``venv`` module)."""
 
-    def __init__(self, ctx: HostContext, module: str, python: str) -> None:
+    def __init__(self, ctx: HostSession, module: str, python: str) -> None:
         self.ctx, self.module, self.python, self.name = ctx, module, python, ctx.name
 
     def call(self, params: dict[str, Any]) -> Any:
@@ -55,7 +59,7 @@ class StreamCalls:
 
     def __init__(self, ctx: HostContext, module: str, python: str) -> None:
         self.ctx, self.module, self.python, self.name = ctx, module, python, ctx.name
-        self.stream: Stream | None = bulk_stream(ctx.connector, stream_command(module, python))
+        self.stream: Stream | None = overlay_stream.bulk_stream(ctx.connector, stream_command(module, python))
         self.reader = Reader(self.stream, ctx.settings.command_timeout)
 
     def call(self, params: dict[str, Any]) -> Any:
@@ -95,6 +99,11 @@ class StreamCalls:
         if self.stream is not None:
             self.stream.close()  # the remote side reads the end of its input: it exits, nothing written
             self.stream = None
+
+
+def as_calls(host: HostCalls | HostSession, module: str, python: str) -> HostCalls:
+    """``host`` as listing calls: calls already, or a session whose agent answers them."""
+    return host if hasattr(host, "take") else AgentCalls(host, module, python)  # type: ignore[return-value]
 
 
 def open_calls(ctx: HostContext, module: str, python: str) -> HostCalls:

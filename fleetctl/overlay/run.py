@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name
 from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.overlay.abi import Interpreter
-from fleetctl.overlay.calls import HostCalls, open_calls
+from fleetctl.overlay.calls import HostCalls, as_calls, open_calls
 from fleetctl.overlay.plan import (
     HostPlan,
     OverlayRequest,
@@ -47,7 +47,7 @@ from fleetctl.overlay.plan import (
     unpack,
 )
 from fleetctl.overlay.stream import Applied, Lost, python_of, stream_group, target_dirs
-from fleetctl.transport.base import HostResult, Status
+from fleetctl.transport.base import HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet, HostContext
 
 T = TypeVar("T")
@@ -78,8 +78,9 @@ class OverlayReport:
         return line + (f", {len(bad)} failed ({', '.join(bad)})" if bad else "")
 
 
-def list_source(calls: HostCalls, req: OverlayRequest) -> SourceListing:
+def list_source(host: HostCalls | HostSession, req: OverlayRequest) -> SourceListing:
     """The source's distributions with their tree hashes; file lists come later, when needed."""
+    calls = as_calls(host, "overlay_source", python_of(req.venv))
     params = {"action": "list", "packages": list(req.packages), "target_prefix": req.target_venv, "files_for": [],
               "cache_dir": hostpaths.cache_dir(calls.ctx.vars)}
     try:
@@ -99,8 +100,9 @@ class SourceFiles:
     """Per-file lists of the source's distributions, fetched once, when a first target needs them
     (from a stream process: what it described for the listing, not described again)."""
 
-    def __init__(self, calls: HostCalls, req: OverlayRequest, listing: SourceListing) -> None:
-        self.calls, self.req, self.listing = calls, req, listing
+    def __init__(self, host: HostCalls | HostSession, req: OverlayRequest, listing: SourceListing) -> None:
+        self.calls = as_calls(host, "overlay_source", python_of(req.venv))
+        self.req, self.listing = req, listing
         self._lock = threading.Lock()
         self._fetched: set[str] = set()
 
@@ -116,7 +118,8 @@ class SourceFiles:
             return self.listing
 
 
-def target_call(calls: HostCalls, req: OverlayRequest, params: dict[str, Any]) -> Any:
+def target_call(host: HostCalls | HostSession, req: OverlayRequest, params: dict[str, Any]) -> Any:
+    calls = as_calls(host, "overlay_target", python_of(req.target_venv))
     try:
         return calls.call({**params, **target_dirs(calls.ctx)})
     except RemoteOperationError as exc:
@@ -145,10 +148,11 @@ def own_listing(own: Mapping[str, Any], matched: set[str]) -> TargetListing:
                          frozenset(matched))
 
 
-def list_target(calls: HostCalls, files: SourceFiles, req: OverlayRequest,
+def list_target(host: HostCalls | HostSession, files: SourceFiles, req: OverlayRequest,
                 own: Mapping[str, Any] | None = None) -> HostPlan:
     """What this target needs. With ``own`` (its own trees, listed beside the source) only the
     distributions whose trees differ are listed again, with their files."""
+    calls = as_calls(host, "overlay_target", python_of(req.target_venv))
     src = files.listing
     matched = matched_by_tree(src, own) if own is not None else set()
     rest = sorted(set(src.dists) - matched)
