@@ -1,5 +1,5 @@
-"""``venv overlay`` on the lab fleet: when the file streams start (issue 37: a fresh overlay against
-``ssh src tar | ssh dst tar``, which starts moving bytes at once)."""
+"""``venv overlay`` on the lab fleet: how each host is asked and when the file streams start (issue 37:
+a fresh overlay against ``ssh src tar | ssh dst tar``, which starts moving bytes at once)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from sglang_support import make_venv, wheel_set
 
 from fleetctl.overlay import run as overlay_run
 from fleetctl.overlay import stream as overlay_stream
+from fleetctl.transport.agent import module_source
+from fleetctl.transport.fleet import HostContext
 
 pytestmark = pytest.mark.lab
 SRC, DST = "/root/ovs-src", "/root/ovs-dst"
@@ -21,26 +23,32 @@ SRC, DST = "/root/ovs-src", "/root/ovs-dst"
 
 def _watched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """What the overlay asks of each host, in order: the target's listings, the source's file lists,
-    each bulk stream started (the real calls, recorded on the way)."""
+    each bulk stream started, each agent call (the real ones, recorded on the way)."""
     events: list[tuple[str, str]] = []
     real_stream, real_call, real_complete = (overlay_stream.bulk_stream, overlay_run.target_call,
                                              overlay_run.SourceFiles.complete)
+    real_agent = HostContext.call
 
     def bulk_stream(connector: Any, command: str) -> Any:
         events.append(("stream", connector.host))
         return real_stream(connector, command)
 
-    def target_call(session: Any, req: Any, params: dict[str, Any]) -> Any:
-        events.append(("list files" if params.get("names") is not None else params["action"], session.name))
-        return real_call(session, req, params)
+    def target_call(calls: Any, req: Any, params: dict[str, Any]) -> Any:
+        events.append(("list files" if params.get("names") is not None else params["action"], calls.name))
+        return real_call(calls, req, params)
 
     def complete(self: Any, names: set[str]) -> Any:
-        events.append(("source file lists", self.session.name))
+        events.append(("source file lists", self.calls.name))
         return real_complete(self, names)
+
+    def agent_call(self: Any, module: str, *args: Any, **kwargs: Any) -> Any:
+        events.append(("agent " + module, self.name))
+        return real_agent(self, module, *args, **kwargs)
 
     monkeypatch.setattr(overlay_stream, "bulk_stream", bulk_stream)
     monkeypatch.setattr(overlay_run, "target_call", target_call)
     monkeypatch.setattr(overlay_run.SourceFiles, "complete", complete)
+    monkeypatch.setattr(HostContext, "call", agent_call)
     return events
 
 
@@ -49,14 +57,16 @@ def _digests(lab: LabHandle, host: str, venv: str) -> str:
                          "-o -type f ! -name RECORD -print0 | sort -z | xargs -0 sha256sum").stdout
 
 
-def test_a_fresh_targets_streams_start_before_its_plan_and_a_rerun_starts_none(
+def test_a_fresh_overlay_lists_each_host_over_the_process_that_then_carries_its_files(
     lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A target whose own tree hashes already differ from the source's gets its stream (and the
-    source its stream) started before the source's file lists are fetched, so ssh connects and the
-    remote python starts meanwhile; a target holding none of the distributions (and no overlay cut
-    short) is not asked to list or hash its files: there is nothing to compare. The overlay lands
-    whole. A re-run with nothing to change starts no stream at all."""
+    """Each host's stream process starts with the command and answers its listings (the source's
+    file lists from what it described for the listing), then the target takes its plan and the
+    source sends: one ssh connection per host, no agent started on either. A target holding none
+    of the distributions (and no overlay cut short) is not asked to list or hash its files. The
+    overlay lands whole; each process's compiled code is kept on its host for the next start. A
+    re-run with nothing to change asks the same two processes, sends nothing, and still starts no
+    agent."""
     make_venv(lab_fleet, "lab1", SRC, wheel_set("requests==2.32.3"))
     lab_fleet.ssh("lab2", f"rm -rf {shlex.quote(DST)} && /usr/bin/python3 -m venv --without-pip {shlex.quote(DST)}")
     events = _watched(monkeypatch)
@@ -65,14 +75,32 @@ def test_a_fresh_targets_streams_start_before_its_plan_and_a_rerun_starts_none(
     r = run_cli(capsys, *args)
     assert r.rc == 0, r.out[-2000:] + r.err
     assert r.json()["hosts"]["lab2"]["value"]["applied"]["written"] > 50
-    lists = events.index(("source file lists", "lab1"))
-    assert events.index(("stream", "lab2")) < lists and events.index(("stream", "lab1")) < lists, events
+    assert sorted(e for e in events if e[0] == "stream") == [("stream", "lab1"), ("stream", "lab2")], events
+    assert [e for e in events if e[0].startswith("agent")] == [], events
     assert [e for e in events if e[1] == "lab2" and e[0] != "stream"] == [("list", "lab2")], events
+    assert ("source file lists", "lab1") in events
     assert _digests(lab_fleet, "lab2", DST) == _digests(lab_fleet, "lab1", SRC)
+    for host, module in (("lab1", "overlay_source"), ("lab2", "overlay_target")):  # compiled once, kept
+        code = f"/var/lib/fleetctl/cache/code/agent-{module_source(module)[1]}-cpython-311.code"
+        assert lab_fleet.ssh(host, f"test -s {code}", check=False).returncode == 0, (host, code)
     events.clear()
     again = run_cli(capsys, *args)
     assert again.rc == 0 and again.json()["line"] == "1 targets: 0 changed, 1 nothing to change", again.out[-2000:]
-    assert [e for e in events if e[0] == "stream"] == [], events
+    assert sorted(e for e in events if e[0] == "stream") == [("stream", "lab1"), ("stream", "lab2")], events
+    assert [e for e in events if e[0].startswith("agent") or e[0] == "source file lists"] == [], events
+
+
+def test_a_missing_venv_on_either_side_is_one_line(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    """The stream process's python absent: the source's is a usage error naming the venv, a
+    target's fails that host, saying how to make it."""
+    make_venv(lab_fleet, "lab1", SRC, wheel_set("requests==2.32.3"))
+    lab_fleet.ssh("lab2", f"rm -rf {shlex.quote(DST)}")
+    base = ("-i", str(lab_fleet.inventory_path), "-l", "lab2", "venv", "overlay", "--from", "lab1")
+    no_source = run_cli(capsys, *base, "--venv", "/root/no-such-venv", "--to-venv", DST)
+    assert no_source.rc == 3 and "--from lab1: no venv at /root/no-such-venv" in no_source.err, no_source.err
+    no_target = run_cli(capsys, *base, "--venv", SRC, "--to-venv", DST, "--json")
+    assert no_target.rc == 2, no_target.out[-2000:]
+    assert no_target.json()["hosts"]["lab2"]["reason"] == f"no venv at {DST} (create it: fleetctl venv create)"
 
 
 def test_a_target_with_an_overlay_cut_short_is_compared_file_by_file(

@@ -263,7 +263,9 @@ def test_direct_argv_uses_the_sources_connection_and_the_targets_key() -> None:
     assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
     assert argv[argv.index("-i") + 1] == "/root/.ssh/fleet key" and argv[argv.index("-p") + 1] == "2222"
     assert argv[-2:] == ["ops@10.0.0.1", command] and "StrictHostKeyChecking=no" not in argv
-    assert shlex.split(command)[:3] == ["exec", "/opt/my venv/bin/python", "-c"]
+    words = shlex.split(command)
+    assert words[:4] == ["if", "[", "-x", "/opt/my venv/bin/python"]
+    assert words[words.index("exec"):words.index("exec") + 3] == ["exec", "/opt/my venv/bin/python", "-c"]
 
 
 def test_direct_argv_checks_every_jump_hop_strictly_as_the_controller_resolved_it(tmp_path: Path) -> None:
@@ -435,7 +437,8 @@ def test_the_source_reads_a_large_binary_once_and_its_record_row_stays(tmp_path:
         (site / rel).write_bytes(data)
     rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
     (site / "pkg-1.dist-info" / "RECORD").write_text("\n".join(rows) + "\n")
-    code = shlex.split(stream.stream_command("overlay_source", str(venv / "bin" / "python")))[3]
+    words = shlex.split(stream.stream_command("overlay_source", str(venv / "bin" / "python")))
+    code = words[words.index("-c") + 1]
     hook = ("import sys\ndef _seen(event, args):\n    if event == 'open' and str(args[0]).endswith('libbig.so'):\n"
             "        sys.stderr.write('@@OPENED\\n')\nsys.addaudithook(_seen)\n")
     send = [["pkg-1.dist-info", rel] for rel in files] + [["pkg-1.dist-info", "pkg-1.dist-info/RECORD"]]
@@ -526,7 +529,8 @@ def test_the_target_lands_each_file_with_its_mode_at_creation_and_no_chmod_the_u
     hook = ("import os, sys\nos.umask(0o022)\ndef _seen(event, args):\n"
             "    if event == 'os.chmod':\n        sys.stderr.write('@@CHMOD %r\\n' % (args[0],))\n"
             "sys.addaudithook(_seen)\n")
-    code = shlex.split(stream.stream_command("overlay_target", str(venv / "bin" / "python")))[3]
+    words = shlex.split(stream.stream_command("overlay_target", str(venv / "bin" / "python")))
+    code = words[words.index("-c") + 1]
     plan_bytes = json.dumps(plan).encode()
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", hook + code], capture_output=True,
                           input=struct.pack(">I", len(plan_bytes)) + plan_bytes + body, check=True)

@@ -24,16 +24,17 @@ comes back into the same apply; the controller only sends plans and reads answer
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from packaging.utils import canonicalize_name
 
 from fleetctl import hostpaths
 from fleetctl.errors import HostError, InputError, RemoteOperationError
 from fleetctl.overlay.abi import Interpreter
+from fleetctl.overlay.calls import HostCalls, as_calls, open_calls
 from fleetctl.overlay.plan import (
     HostPlan,
     OverlayRequest,
@@ -45,9 +46,11 @@ from fleetctl.overlay.plan import (
     plan_host,
     unpack,
 )
-from fleetctl.overlay.stream import Applied, EarlyStreams, Lost, python_of, stream_group, target_dirs
+from fleetctl.overlay.stream import Applied, Lost, python_of, stream_group, target_dirs
 from fleetctl.transport.base import HostResult, HostSession, Status
 from fleetctl.transport.fleet import Fleet, HostContext
+
+T = TypeVar("T")
 
 # --- doing it ----------------------------------------------------------------------------------
 
@@ -75,28 +78,31 @@ class OverlayReport:
         return line + (f", {len(bad)} failed ({', '.join(bad)})" if bad else "")
 
 
-def list_source(session: HostSession, req: OverlayRequest) -> SourceListing:
+def list_source(host: HostCalls | HostSession, req: OverlayRequest) -> SourceListing:
     """The source's distributions with their tree hashes; file lists come later, when needed."""
+    calls = as_calls(host, "overlay_source", python_of(req.venv))
     params = {"action": "list", "packages": list(req.packages), "target_prefix": req.target_venv, "files_for": [],
-              "cache_dir": hostpaths.cache_dir(session.vars)}
+              "cache_dir": hostpaths.cache_dir(calls.ctx.vars)}
     try:
-        raw = session.call("overlay_source", params, python=python_of(req.venv))
+        raw = calls.call(params)
     except RemoteOperationError as exc:
         if exc.etype == "InterpreterNotFound":
-            raise InputError(f"--from {session.name}: no venv at {req.venv}") from None
+            raise InputError(f"--from {calls.name}: no venv at {req.venv}") from None
         raise
-    listing = parse_source(session.name, raw)
+    listing = parse_source(calls.name, raw)
     if not listing.dists:
         what = f" matching {', '.join(req.packages)}" if req.packages else ""
-        raise InputError(f"--from {session.name}: no distribution{what} in {req.venv}")
+        raise InputError(f"--from {calls.name}: no distribution{what} in {req.venv}")
     return listing
 
 
 class SourceFiles:
-    """Per-file lists of the source's distributions, fetched once, when a first target needs them."""
+    """Per-file lists of the source's distributions, fetched once, when a first target needs them
+    (from a stream process: what it described for the listing, not described again)."""
 
-    def __init__(self, session: HostSession, req: OverlayRequest, listing: SourceListing) -> None:
-        self.session, self.req, self.listing = session, req, listing
+    def __init__(self, host: HostCalls | HostSession, req: OverlayRequest, listing: SourceListing) -> None:
+        self.calls = as_calls(host, "overlay_source", python_of(req.venv))
+        self.req, self.listing = req, listing
         self._lock = threading.Lock()
         self._fetched: set[str] = set()
 
@@ -105,27 +111,27 @@ class SourceFiles:
             missing = sorted(names - self._fetched)
             if missing:
                 params = {"action": "list", "packages": missing, "target_prefix": self.req.target_venv,
-                          "files_for": missing, "cache_dir": hostpaths.cache_dir(self.session.vars)}
-                raw = self.session.call("overlay_source", params, python=python_of(self.req.venv))
-                fresh = parse_source(self.session.name, raw).dists
+                          "files_for": missing, "cache_dir": hostpaths.cache_dir(self.calls.ctx.vars)}
+                fresh = parse_source(self.calls.name, self.calls.call(params)).dists
                 self.listing = replace(self.listing, dists={**self.listing.dists, **fresh})
                 self._fetched.update(missing)
             return self.listing
 
 
-def target_call(session: HostSession, req: OverlayRequest, params: dict[str, Any]) -> Any:
+def target_call(host: HostCalls | HostSession, req: OverlayRequest, params: dict[str, Any]) -> Any:
+    calls = as_calls(host, "overlay_target", python_of(req.target_venv))
     try:
-        return session.call("overlay_target", {**params, **target_dirs(session)}, python=python_of(req.target_venv))
+        return calls.call({**params, **target_dirs(calls.ctx)})
     except RemoteOperationError as exc:
         if exc.etype == "InterpreterNotFound":
-            raise HostError(session.name, f"no venv at {req.target_venv} (create it: fleetctl venv create)") from None
+            raise HostError(calls.name, f"no venv at {req.target_venv} (create it: fleetctl venv create)") from None
         raise
 
 
-def own_trees(session: HostSession, req: OverlayRequest) -> dict[str, Any]:
+def own_trees(calls: HostCalls, req: OverlayRequest) -> dict[str, Any]:
     """The target's own tree hash of each of its distributions (the source's globs), listed while
     the source lists: a re-run with nothing changed then costs the slower listing, not both."""
-    return target_call(session, req, {"action": "list", "own_trees": True, "packages": list(req.packages)})
+    return target_call(calls, req, {"action": "list", "own_trees": True, "packages": list(req.packages)})
 
 
 def matched_by_tree(src: SourceListing, own: Mapping[str, Any]) -> set[str]:
@@ -142,15 +148,16 @@ def own_listing(own: Mapping[str, Any], matched: set[str]) -> TargetListing:
                          frozenset(matched))
 
 
-def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
+def list_target(host: HostCalls | HostSession, files: SourceFiles, req: OverlayRequest,
                 own: Mapping[str, Any] | None = None) -> HostPlan:
     """What this target needs. With ``own`` (its own trees, listed beside the source) only the
     distributions whose trees differ are listed again, with their files."""
+    calls = as_calls(host, "overlay_target", python_of(req.target_venv))
     src = files.listing
     matched = matched_by_tree(src, own) if own is not None else set()
     rest = sorted(set(src.dists) - matched)
     if own is not None and not rest:
-        return plan_host(session.name, req.target_venv, src, own_listing(own, matched))
+        return plan_host(calls.name, req.target_venv, src, own_listing(own, matched))
     # None of them installed here, and no overlay of this venv cut short: nothing to compare file by
     # file (a stray file already there with the same bytes is sent again, its end state the same).
     fresh = own is not None and not own.get("inflight") and not {
@@ -159,8 +166,8 @@ def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
         assert own is not None
         target = own_listing(own, matched)
     else:
-        raw = target_call(session, req, {"action": "list", "names": rest,
-                                         "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
+        raw = target_call(calls, req, {"action": "list", "names": rest,
+                                       "trees": {n: [src.dists[n].dist_info, src.dists[n].tree] for n in rest}})
         target = parse_target(raw)
         target = replace(target, matched=target.matched | matched)
     unmatched = set(src.dists) - target.matched
@@ -168,9 +175,9 @@ def list_target(session: HostSession, files: SourceFiles, req: OverlayRequest,
         src = files.complete(unmatched)
     if unmatched and not fresh:
         paths = sorted({f.rel for n in unmatched for f in src.dists[n].files})
-        found = target_call(session, req, {"action": "hashes", "paths_z": pack(paths)})
+        found = target_call(calls, req, {"action": "hashes", "paths_z": pack(paths)})
         target = replace(target, hashes=unpack(found["hashes_z"]))
-    return plan_host(session.name, req.target_venv, src, target)
+    return plan_host(calls.name, req.target_venv, src, target)
 
 
 def judged(res: HostResult[HostPlan]) -> HostResult[HostOverlay]:
@@ -185,44 +192,49 @@ def judged(res: HostResult[HostPlan]) -> HostResult[HostOverlay]:
 
 
 def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> OverlayReport:
-    """List both sides, plan every target (pure), then stream to the targets that need it."""
-    with ThreadPoolExecutor(1) as pool:  # the targets list their own trees while the source lists
-        listed = pool.submit(list_source, source, req)
-        own = targets.map(lambda ctx: own_trees(ctx, req))
-        files = SourceFiles(source, req, listed.result())
+    """List both sides, plan every target (pure), then stream to the targets that need it. Each
+    host's listing calls run on the process that then takes its plan or sends its files."""
+    opened: dict[str, HostCalls] = {}
 
-    def plan(ctx: HostContext) -> HostPlan:  # a target whose own listing failed is asked the old way
-        first = own.get(ctx.name)
-        return list_target(ctx, files, req, first.value if first is not None and first.ok else None)
+    def calls_of(ctx: HostContext, module: str, venv: str) -> HostCalls:
+        if ctx.name not in opened:
+            opened[ctx.name] = open_calls(ctx, module, python_of(venv))
+        return opened[ctx.name]
 
-    early = None if req.dry_run or req.direct else start_early(source, targets, files.listing, own, req)
     try:
-        results = {h: judged(r) for h, r in targets.map(plan).items()}
+        with ThreadPoolExecutor(1) as pool:  # the targets list their own trees while the source lists
+            listed = pool.submit(lambda: list_source(calls_of(source, "overlay_source", req.venv), req))
+            own = each_target(targets, lambda ctx: own_trees(calls_of(ctx, "overlay_target", req.target_venv), req))
+            files = SourceFiles(opened[source.name], req, listed.result())
+
+        def plan(ctx: HostContext) -> HostPlan:  # a target whose own listing failed is asked the old way
+            first = own.get(ctx.name)
+            calls = calls_of(ctx, "overlay_target", req.target_venv)
+            return list_target(calls, files, req, first.value if first is not None and first.ok else None)
+
+        results = {h: judged(r) for h, r in each_target(targets, plan).items()}
+        for host, res in results.items():  # nothing to send there: its process ends now
+            if host in opened and not (res.ok and res.value is not None and res.value.plan.changes):
+                opened.pop(host).close()
         report = OverlayReport(req, files.listing, results)
         if not req.dry_run:
-            apply_plans(source, targets, report, early)
+            apply_plans(source, targets, report, opened)
         return report
     finally:
-        if early is not None:
-            early.close()
+        for calls in opened.values():
+            calls.close()
 
 
-def start_early(source: HostContext, targets: Fleet, src: SourceListing, own: Mapping[str, HostResult[Any]],
-                req: OverlayRequest) -> EarlyStreams:
-    """The streams of the targets whose own trees already differ from the source's (and one of the
-    source), started before their plans: ssh connects while the files are compared."""
-    early = EarlyStreams()
-    for name, ctx in targets.contexts.items():
-        first = own.get(name)
-        if first is not None and first.ok and first.value is not None \
-                and matched_by_tree(src, first.value) != set(src.dists):
-            early.start(ctx, "overlay_target", python_of(req.target_venv))
-    if early.started:
-        early.start(source, "overlay_source", python_of(req.venv))
-    return early
+def each_target(targets: Fleet, fn: Callable[[HostContext], T]) -> dict[str, HostResult[T]]:
+    """``fn`` on every target, in this process's threads: the stream processes it opens stay here
+    (worker processes would take them with them); over kept connections the fleet's own way."""
+    if targets.settings.persist > 0:
+        return targets.map(fn)
+    return targets.map_threads(fn, sorted(targets.contexts))
 
 
-def apply_plans(source: HostContext, targets: Fleet, report: OverlayReport, early: EarlyStreams | None) -> None:
+def apply_plans(source: HostContext, targets: Fleet, report: OverlayReport,
+                opened: Mapping[str, HostCalls] | None = None) -> None:
     """One stream per group of targets needing the same files; each target's outcome into the report."""
     req, src, results = report.request, report.source, report.results
     groups: dict[tuple[str, ...], list[HostContext]] = {}
@@ -233,7 +245,7 @@ def apply_plans(source: HostContext, targets: Fleet, report: OverlayReport, earl
             groups.setdefault(key, []).append(targets.contexts[host])
     for members in groups.values():
         plans = {c.name: _plan(results, c.name) for c in members}
-        for host, outcome in stream_group(source, members, src, plans, req, early).items():
+        for host, outcome in stream_group(source, members, src, plans, req, opened).items():
             results[host] = _applied(results[host], outcome)
 
 

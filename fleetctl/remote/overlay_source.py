@@ -2,6 +2,7 @@
 # fleetctl-include: venvinfo
 # fleetctl-include: writable
 # fleetctl-include: overlay_tar
+# fleetctl-include: overlay_calls
 # The source side of `fleetctl venv overlay`, run by the source venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -10,7 +11,8 @@
 #     sha256 as it would land on the target (text files naming this venv's prefix are relocated
 #     to target_prefix first), the WHEEL tags and compiled-extension tags for the ABI check, and
 #     for the distributions in files_for (all when None) the per-file list, zlib+base64 packed.
-#   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON
+#   stream_main() (`python -c`, over its own exec channel): answers listing calls first (overlay_calls:
+#     the same main(), its descriptions kept for the next call), then reads one length-prefixed JSON
 #     {"send": [[dist_info, rel]], "target_prefix": str, "level": int} from stdin and writes MAGIC,
 #     then a tar of exactly those files, as they must land, to stdout, in frames (see Framer);
 #     zlib-compressed at `level` when it is above 0 (off by default: tar's own bytes, as ssh | tar).
@@ -181,6 +183,21 @@ def describe(dist, name, version):
             "count": len(files), "bytes": sum(f[2] for f in files)}
 
 
+DESCRIBED = None  # a stream process's descriptions, for its next call (the file lists after the listing)
+
+
+def described(info, entry, target, cache, name, version):
+    """describe() of one distribution; in a stream process, once for all its calls (it lives for one
+    overlay: what it listed first is what it sends)."""
+    key = (entry, target)
+    if DESCRIBED is not None and key in DESCRIBED:
+        return DESCRIBED[key]
+    found = describe(Dist(info["site"], entry, info["prefix"], target, cache), name, version)
+    if DESCRIBED is not None:
+        DESCRIBED[key] = found
+    return found
+
+
 def main(params):
     params = params or {}
     if params.get("action", "list") != "list":
@@ -189,11 +206,8 @@ def main(params):
     target = (params.get("target_prefix") or info["prefix"]).rstrip("/")
     patterns = params.get("packages") or []
     cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
-    dists = []
-    for name, version, entry in dist_infos(info["site"]):
-        if wanted(name, patterns):
-            dist = Dist(info["site"], entry, info["prefix"], target, cache)
-            dists.append(describe(dist, name, version))
+    dists = [dict(described(info, entry, target, cache, name, version))
+             for name, version, entry in dist_infos(info["site"]) if wanted(name, patterns)]
     cache.save()
     detail = params.get("files_for")  # names whose file lists the controller needs; None: all
     for dist in dists:
@@ -260,12 +274,6 @@ def binary_file(path, size):
     return None
 
 
-def read_params(inp):
-    header = inp.read(4)
-    size = struct.unpack(">I", header)[0]
-    return json.loads(inp.read(size).decode("utf-8"))
-
-
 def send_file(sink, rel, handle, size):
     """A large binary's bytes from its open file, exactly the size its header gave."""
     left = size
@@ -278,10 +286,12 @@ def send_file(sink, rel, handle, size):
 
 
 def stream_main():
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    if not inp.peek(1):
-        return  # a stream started early and not needed after all: nothing asked, nothing sent
-    params = read_params(inp)
+    global DESCRIBED
+    DESCRIBED = {}
+    params = serve_calls(sys.stdin.fileno(), main)
+    if params is None:
+        return  # listed only (a dry run, nothing to send): nothing asked, nothing sent
+    out = sys.stdout.buffer
     info = interpreter()
     dists = {}
     out.write(STREAM_MAGIC)

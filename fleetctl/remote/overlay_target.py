@@ -3,6 +3,7 @@
 # fleetctl-include: writable
 # fleetctl-include: overlay_tar
 # fleetctl-include: overlay_apply
+# fleetctl-include: overlay_calls
 # The target side of `fleetctl venv overlay`, run by the target venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -13,10 +14,10 @@
 #     while the source lists; the controller compares).
 #   main({"action": "hashes", "paths_z": packed [rel]}): the sha256 of each path that exists (of a
 #     dist-info's RECORD: comparable_record_hash, its rows without bytecode, as the source sends it).
-#   stream_main() (`python -c`, over its own exec channel): reads one length-prefixed JSON plan
-#     from stdin, then the zlib-compressed tar the source streams, and applies it in an order
-#     that a dropped connection cannot turn into a hybrid (see apply()). Prints one delimited
-#     JSON answer on stdout. With a "direct" entry in the plan the target does not read the tar
+#   stream_main() (`python -c`, over its own exec channel): answers the listing calls above first
+#     (overlay_calls), then reads one length-prefixed JSON plan from stdin, then the tar the source
+#     streams, and applies it in an order that a dropped connection cannot turn into a hybrid
+#     (apply()). Prints one delimited JSON answer on stdout. With a "direct" entry in the plan the target does not read the tar
 #     from stdin: it runs the given ssh argv itself (the source host's own overlay_source stream
 #     command), sends it the source's params and reads the framed stream from its stdout.
 import base64
@@ -282,22 +283,9 @@ def apply(plan, read):
 
 def stream_main():
     fd = sys.stdin.fileno()
-    header = b""
-    while len(header) < 4:
-        chunk = os.read(fd, 4 - len(header))
-        if not chunk and not header:
-            return  # a stream started early and not needed after all: nothing asked, nothing to say
-        if not chunk:
-            raise EOFError("no plan received")
-        header += chunk
-    size = struct.unpack(">I", header)[0]
-    body = b""
-    while len(body) < size:
-        chunk = os.read(fd, min(1 << 20, size - len(body)))
-        if not chunk:
-            raise EOFError("the plan was cut short")
-        body += chunk
-    plan = json.loads(body.decode("utf-8"))
+    plan = serve_calls(fd, main)  # the listing calls first (overlay_calls), then the plan
+    if plan is None:
+        return  # listed only (nothing to change, a dry run): nothing asked, nothing to say
     direct = None
     try:
         if plan.get("direct"):
