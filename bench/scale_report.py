@@ -48,41 +48,40 @@ DOMINATES: dict[str, str] = {
             "bounded, 7.4 ms (4.9 user, 2.5 system) and 214 at 1,000, 7.5 ms at 200, and the hosts' CPU fell "
             "from 42 to 36 ms per host (bench/scale_handshakes.py, bench/scale-handshakes.log, same window). "
             "Kept: the controller's fixed start (Python and imports) and the server's fan-out, 0.6 ms per host.",
-    "facts": "fresh, the hosts' CPU (106 ms per host under that load); every one of 1,000 hosts answered with "
-             "the quiet transport (the earlier run lost 6 as unreachable). The controller's 15.0 ms per host "
-             "was 31.2 ms (9.4 s user, 21.8 s system) with paramiko's polling, same lab, five minutes before. "
-             "Kept (14:25-14:31, the kept cut merged; `bench/scale.py --hosts 1000 --jobs facts,drift --tools "
-             "'fleetctl kept' --large-runs 2 --merge --connect-timeout 60`): **1.68 s (1.51-1.85), goal < 3 s: "
-             "met**; the controller 1.4 ms per host, the hosts 1.1 (19.5 before: each interpreter's version was "
-             "asked of a new Python child on every run), 192 KiB of peak RSS per host.",
-    "gpu_health": "fresh, the hosts' CPU (84 ms per host at load 178: the session start and the fake nvidia-smi, "
-                  "a shell script and an XML file per host); the controller's 15.3 ms per host (12.6 at 200) "
-                  "grows as ping's does. Kept: the hosts' 11.5 ms per host; the controller 2.8 ms per host.",
-    "probe_grep": "kept (13:13, load 40 as it started), the controller: 24.1 ms per host (8.5 at 200) and "
-                  "709 KiB of peak RSS per host, 24 CPU-seconds of the 40.6 s: the requests go in one frame per round "
-                  "as every kept read's do, but every host's matched lines (the largest answer of any job) are "
-                  "decoded by the connection server, encoded again, decoded by the CLI and held for the output; "
-                  "the hosts' 44 ms per host is second. Fresh: no figure: one host of "
-                  "1,000 was lost as `agent did not start in time` (the agent's start had a fixed 30 s under "
-                  "-e ansible_timeout=60; now it is given the connect timeout), the whole job taking 450 s "
-                  "with the hosts' grep (62 ms per host at 200) queued on 2 cores.",
-    "report": "kept (13:21, load 181 as it started), 66.8 s: the hosts' CPU, 110 ms per host (13.7 at 200: the "
-              "timed run started sessions again after a warm-up that raised the load to 500-770), then the "
-              "controller's 14.2 ms per host. Fresh: no figure: 61 of 1,000 hosts unreachable with a 60 s "
-              "connect timeout (34 sent no SSH banner within 60 s, 11 key exchanges and 5 logins did not "
-              "finish, 9 EOF, 2 opened no channel): the load reached 772 with 1,000 hosts' report work "
-              "(116 ms of CPU per host at 200) on the 2 cores that also run their sshd; the lab's "
-              "limit at this size, not the controller's.",
-    "drift": "(14:04-14:16, on main with the kept facts/drift cut merged) kept, 52.6 s: the hosts' CPU, 87.6 "
-             "ms per host (2.7 at 200: the timed run started sessions again after a fresh warm-up that took "
-             "the load past 1,000), then the controller's 10.9 ms per host; not a steady kept figure. Fresh: "
-             "no figure: 71 of 1,000 hosts lost with a 60 s connect timeout (42 sent no SSH banner within 60 "
-             "s, 16 logins timed out, 7 agents did not start within the 60 s they now get, 4 key exchanges, "
-             "2 others) as the load passed 1,000: 1,000 sessions' work on the 2 cores that run their sshd "
-             "too, the lab's limit at this size. Re-run at 14:31 (kept only, a fresh lab, after kept facts' "
-             "1.68 s): failed: 483 of 1,000 hosts got `the persistent-connection server closed the connection` "
-             "(the first 517 answered); why was not found (the server's log went with the lab's folder): "
-             "drift under 3 s at 1,000 is not shown.",
+    "facts": "(16:59-17:20 window, this page's 1,000-host rows: each tool's rounds alone, the kept server stopped "
+             "between them) fresh, the hosts' CPU: 47.5 ms per host of the 28.7 s (the session start and the "
+             "facts module); the controller 7.8 ms per host (12.2 at 32, 9.8 at 200: flat). Kept: **1.87 s "
+             "(1.64-2.11), goal < 3 s: met**; the controller 1.6 ms per host, the hosts 1.3 (each interpreter's "
+             "version remembered by the kept agent), 186 KiB of peak RSS per host.",
+    "gpu_health": "fresh, the hosts' CPU (62 ms per host: the session start and the fake nvidia-smi, a shell "
+                  "script and an XML file per host); the controller 10.5 ms per host (11.9 at 32, 12.6 at 200: "
+                  "flat since the handshake bound). Kept: 7.5 s, the hosts' 10.8 ms per host (nvidia-smi's "
+                  "work), the controller 2.8 ms per host, 203 KiB of peak RSS per host.",
+    "probe_grep": "kept: the hosts' grep, 22.9 ms per host of CPU (the cache kept: the lines' files read again "
+                  "to check them), on the 2 cores; 13.4 s. The controller **2.7 ms per host and 202 KiB of peak "
+                  "RSS per host** (24.1 ms and 709 KiB before this session's cut, same job): the connection "
+                  "server passes each agent's answer through undecoded, what hosts matched alike goes once per "
+                  "frame (transport/mux_answers.py), the CLI holds one converted list for them and writes "
+                  "--json host by host. Fresh: 40.6 s, the hosts' 57.6 ms per host (session start + grep), the "
+                  "controller 18.7 ms per host (15.6 at 32, 16.4 at 200: +20%, the edge of flat): each host's "
+                  "answer decoded and converted on its own (the fresh path shares nothing yet); every one of "
+                  "1,000 hosts answered (connect timeout 60 s).",
+    "report": "fresh, the hosts' CPU: 104 ms per host (report gathers facts, gpu health, the release and the "
+              "server's state) of the 61.7 s; the controller 15.5 ms per host (21.2 at 32, 15.3 at 200: flat); "
+              "every host answered. Kept: 12.8 s, the hosts' 15.3 ms per host, then the controller's 6.3 ms per "
+              "host, 270 KiB of peak RSS per host.",
+    "drift": "kept: **3.05 s (2.89, 3.21): the goal (< 3 s) is missed by 0.05 s**. Each run is 5.1 CPU-seconds "
+             "on the 2 cores the lab's hosts share with the controller: the hosts 3.1 ms per host (three agent "
+             "round trips: the attach check, the venv's inventory in its own kept agent, the GPU stack and the "
+             "models in one sequence on the main agent), the controller 2.0 ms per host (5.5 at 1,000 before "
+             "the kept cuts); 212 KiB of peak RSS per host. Next cut: the stack sequence in the venv's agent "
+             "(one round trip fewer). Fresh: 31.4 s, the hosts' 52.6 ms per host (session start, agent, a venv "
+             "child); the controller 8.2 ms per host (18.1 at 32, 12.2 at 200: flat); every host answered. The "
+             "14:31 failure of the earlier window (483 hosts: `the persistent-connection server closed the "
+             "connection`) was the kernel's OOM killer taking the connection server (dmesg 14:35:31: python, "
+             "148 MB RSS, 9.8 GB virtual): the server's two kept agents per host (the system python's and the "
+             "venv's, ~4 MiB each) and a fresh run's agent and venv child per host do not fit in 23.5 GiB beside "
+             "the lab; at 1,000 the bench now runs each tool's rounds alone, the server stopped between them.",
 }
 # Dated before/after notes of cuts measured apart from the curves (kept facts and drift, issue 37).
 CUTS: dict[str, str] = {

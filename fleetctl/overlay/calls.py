@@ -3,7 +3,7 @@ connections every host's stream process (the OpenSSH process that later carries 
 plan and the files) is started as the command starts, and the listings are calls on it
 (``remote/overlay_calls.py``): no agent start, no child interpreter per call, and the source keeps
 what it described for the file lists asked next. So a fresh target's first byte waits on one
-connect and one listing per side, not an agent start, two listings and a stream start (issue 37).
+connect and one listing per side, not an agent start, two listings and a stream start.
 Over kept connections the kept agents answer (they are warm; a stream is a new connect)."""
 
 from __future__ import annotations
