@@ -125,3 +125,22 @@ def test_a_target_with_an_overlay_cut_short_is_compared_file_by_file(
     (idna,) = r.json()["hosts"]["lab2"]["value"]["dists"]
     assert ("hashes", "lab2") in events and idna["unchanged"] >= 5 and 0 < idna["send"] <= 8, (events, idna)
     assert lab_fleet.ssh("lab2", f"ls /var/lib/fleetctl/overlays/inflight-{key}.json", check=False).returncode != 0
+
+
+def test_an_unreachable_source_is_one_line(lab_fleet: LabHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    """The source's process cannot connect: the command says so in one line (its own error), never an
+    internal error from the source's calls being looked up before its listing was waited for."""
+    import yaml
+
+    doc = yaml.safe_load(lab_fleet.inventory_path.read_text())
+    doc["all"]["children"]["lab"]["hosts"]["lab1"]["ansible_port"] = 1  # nothing listens there
+    inventory = lab_fleet.dir / "inventory-ovs-unreachable.yml"  # beside the lab's known_hosts
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        r = run_cli(capsys, "-i", str(inventory), "-l", "lab2", "venv", "overlay", "--from", "lab1",
+                    "--venv", SRC, "--to-venv", DST)
+    finally:
+        inventory.unlink()
+    assert r.rc == 2, r.out + r.err
+    assert r.err.strip().splitlines() == [
+        f"fleetctl: error: lab1: ssh: connect to host {lab_fleet.addresses['lab1']} port 1: Connection refused"], r.err

@@ -205,7 +205,8 @@ def run_overlay(source: HostContext, targets: Fleet, req: OverlayRequest) -> Ove
         with ThreadPoolExecutor(1) as pool:  # the targets list their own trees while the source lists
             listed = pool.submit(lambda: list_source(calls_of(source, "overlay_source", req.venv), req))
             own = each_target(targets, lambda ctx: own_trees(calls_of(ctx, "overlay_target", req.target_venv), req))
-            files = SourceFiles(opened[source.name], req, listed.result())
+            described = listed.result()  # first: the source's own error, and its process is in `opened` after it
+            files = SourceFiles(opened[source.name], req, described)
 
         def plan(ctx: HostContext) -> HostPlan:  # a target whose own listing failed is asked the old way
             first = own.get(ctx.name)
