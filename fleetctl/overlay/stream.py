@@ -61,7 +61,8 @@ def stream_command(module: str, python: str) -> str:
     line (``calls.NO_PYTHON``) and exits 127."""
     code = start_code(*module_source(module), "__main__")  # the module's ``if __name__ == "__main__"`` runs
     q = shlex.quote(python)
-    return (f"if [ -x {q} ]; then exec {q} -c {shlex.quote(code)}; fi; "
+    there = f"[ -x {q} ]" if "/" in python else f"command -v {q} >/dev/null"  # a path, or a name on PATH
+    return (f"if {there}; then exec {q} -c {shlex.quote(code)}; fi; "
             f"echo {shlex.quote('fleetctl: InterpreterNotFound: no python at ' + python)} >&2; exit 127")
 
 
