@@ -62,10 +62,9 @@ MAX_FRAME = 256 * 1024 * 1024
 SPAWN_WAIT_S = 15.0
 _HERE = Path(__file__).resolve().parent
 # The server runs this code: a changed checkout (an upgrade) gets a new server, never an old one.
-_SERVER_CODE = (_HERE / "mux.py", _HERE / "mux_server.py", _HERE / "mux_batch.py", _HERE / "mux_calls.py",
-                _HERE / "mux_main.py", _HERE / "mux_answers.py", _HERE / "agent.py", _HERE / "agent_pass.py",
-                _HERE / "ssh.py", _HERE / "channel.py", _HERE / "hostkeys.py",
-                _HERE.parent / "remote" / "agent.py")
+# The whole transport package (a listed subset missed what the listed modules import: fdwait,
+# agent_boot, target...) and the agent it starts on hosts.
+_SERVER_CODE = (*sorted(_HERE.glob("*.py")), _HERE.parent / "remote" / "agent.py")
 
 
 # -- where ---------------------------------------------------------------------------------------
