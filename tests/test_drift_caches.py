@@ -124,3 +124,52 @@ def test_the_forked_stat_pass_answers_as_one_process(tmp_path: Path) -> None:
     files = _collect_forked(venv, tmp_path / "forked")["files"]
     assert files["modified"] == [{"dist": "urllib3", "path": f"{SITE}/urllib3/util/retry.py"}]
     assert files["missing"] == [{"dist": "idna", "path": f"{SITE}/idna/codec.py"}]
+
+
+_KEPT_AGENT = """
+import json, os, sys
+ns = {'__name__': 'fleetctl_remote_distributions', 'AGENT_MEMO': {}}  # one kept agent's memory
+exec(sys.argv[1], ns)
+params, path = json.loads(sys.argv[2]), sys.argv[3]
+reads = []
+real = ns['read_private']
+ns['read_private'] = lambda p: reads.append(p) or real(p)
+def run():
+    before = len(reads)
+    answer = ns['main'](params)
+    return {'read': len(reads) - before, 'ignored': answer['dist_cache']['ignored'],
+            'versions': {d['name']: d['version'] for d in answer['dists']}}
+out = [run(), run()]
+meta = sys.argv[4]
+with open(meta) as f:
+    text = f.read()
+with open(meta, 'w') as f:
+    f.write(text.replace('\\nVersion: ', '\\nVersion: 9', 1))  # in place: the dist is parsed again, the file saved
+out += [run(), run()]
+os.chmod(path, 0o644)  # no longer private: not believed, whatever this agent remembers
+out.append(run())
+print(json.dumps(out))
+"""
+
+
+def test_a_kept_agent_remembers_the_dist_cache_only_while_the_file_is_the_same(tmp_path: Path) -> None:
+    """A kept agent decodes the dist cache once, not on every command (that decode was most of a
+    version-only audit on the host); a rewritten or no longer private file is read again."""
+    import json
+    import subprocess
+
+    from fleetctl.transport.agent import module_source
+
+    venv, cache = make_clean_venv(tmp_path / "venv"), tmp_path / "cache"
+    collect_local(venv, cache)  # the cache file exists
+    (path,) = cache.glob("dists-*.marshal")
+    meta = _dist_info(venv, "idna") / "METADATA"
+    args = json.dumps({"verify_files": False, "cache_dir": str(cache)})
+    proc = subprocess.run([str(venv / "bin/python"), "-c", _KEPT_AGENT, module_source("distributions")[0], args,
+                           str(path), str(meta)], capture_output=True, text=True, check=True)
+    first, kept, changed, after, opened = json.loads(proc.stdout)
+    assert (first["read"], kept["read"]) == (1, 0)  # the second command: from memory
+    assert changed["read"] == 0 and changed["versions"]["idna"].startswith("9")  # the METADATA change is seen
+    assert after["read"] == 1 and after["versions"] == changed["versions"]  # the file it saved is read anew
+    assert opened["read"] == 1 and opened["ignored"] == "not a private file of this user"
+    assert opened["versions"] == after["versions"]

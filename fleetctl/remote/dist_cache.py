@@ -9,6 +9,7 @@ import hashlib
 import marshal
 import os
 import sys
+from stat import S_ISREG
 
 DIST_CACHE_SCHEMA = "fleetctl-drift-dists/1"
 DIST_FILES = ("METADATA", "RECORD", "top_level.txt")  # what an entry's value is derived from
@@ -22,6 +23,18 @@ def file_identity(path):
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def private_identity(path):
+    """``path``'s identity, owner and mode when it is a regular file of this user's (not followed),
+    else None: what the file ``read_private`` accepted must still be, for a memory of it to stand."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev, st.st_mode, st.st_uid)
 
 
 class DistCache(object):
@@ -38,6 +51,7 @@ class DistCache(object):
         self.entries = {}
         self.used = set()
         self.changed = False
+        self.shared = False  # ``entries`` is the kept agent's remembered dict: copied before a change
         self.path = None
         self.ignored = None
         if cache_dir:
@@ -46,6 +60,22 @@ class DistCache(object):
             self.ignored = self.load()
 
     def load(self):
+        """Read the file; a kept agent (AGENT_MEMO) remembers what it read while the file is the very
+        one (its identity, owner and mode): the next command's audit does not decode it again, which
+        was most of a version-only audit's time on the host."""
+        memo = globals().get("AGENT_MEMO")
+        ident = private_identity(self.path) if memo is not None else None
+        known = memo.get(("dist_cache", self.path)) if ident is not None else None
+        if known is not None and known[0] == ident:
+            self.entries, self.shared = known[1], True
+            return None
+        found = self.read_file()
+        if found is None and ident is not None and private_identity(self.path) == ident:
+            memo[("dist_cache", self.path)] = (ident, self.entries)  # one entry per venv: bounded
+            self.shared = True
+        return found
+
+    def read_file(self):
         data, distrust = read_private(self.path)
         if data is None:
             return distrust  # None: none yet (or unreadable: parsed as if there were none)
@@ -72,6 +102,8 @@ class DistCache(object):
         return None
 
     def keep(self, folder, idents, value):
+        if self.shared:
+            self.entries, self.shared = dict(self.entries), False
         self.used.add(folder)
         self.entries[folder] = (idents, value)
         self.changed = True

@@ -92,7 +92,12 @@ def mark_overlays(dists, overlays_dir):
 
 
 def site_dirs():
-    paths = sysconfig.get_paths()
+    memo = globals().get("AGENT_MEMO")
+    paths = memo.get("sysconfig_paths") if memo is not None else None
+    if paths is None:  # this interpreter's, fixed for its life: a kept agent asks sysconfig once
+        paths = sysconfig.get_paths()
+        if memo is not None:
+            memo["sysconfig_paths"] = paths
     found = []
     for key in ("purelib", "platlib"):
         path = os.path.realpath(paths[key])
