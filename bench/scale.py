@@ -230,8 +230,8 @@ def measure_size(size: Size, wanted: list[str], runs: int, meter: Any, doc: dict
         load = os.getloadavg()
         tools = {k: v for k, v in getattr(size, job)().items() if not Size.only or k in Size.only}
         # At 1,000 the kept server's agents (two per host for drift: the system python's and the
-        # venv's, ~4 MiB each) and a fresh run's (an agent and a venv child per host) do not fit in
-        # this machine's 23.5 GiB beside the lab: the kernel's OOM killer took the server (14:35).
+        # venv's, 6.5 MiB each after a drift) and a fresh run's (an agent and a venv child per host) do
+        # not fit in this machine's 23.5 GiB beside the lab: the kernel's OOM killer took the server (14:35).
         # There each tool runs its rounds alone, the server stopped after them.
         groups = [tools] if size.count < TOOLS_APART_FROM else [{k: v} for k, v in tools.items()]
         got: dict[str, Any] = {}

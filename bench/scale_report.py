@@ -70,17 +70,22 @@ DOMINATES: dict[str, str] = {
               "server's state) of the 61.7 s; the controller 15.5 ms per host (21.2 at 32, 15.3 at 200: flat); "
               "every host answered. Kept: 12.8 s, the hosts' 15.3 ms per host, then the controller's 6.3 ms per "
               "host, 270 KiB of peak RSS per host.",
-    "drift": "kept: **3.05 s (2.89, 3.21): the goal (< 3 s) is missed by 0.05 s**. Each run is 5.1 CPU-seconds "
+    "drift": "kept: **2.64 s (2.40-2.94) at 19:31: the goal (< 3 s) met**; the hosts 2.1 ms per host, the "
+             "controller 2.2. The cut: a kept agent remembers the decoded dist cache file while it is the "
+             "very file (one lstat), and its interpreter's sysconfig paths; the distributions call 1.3 -> "
+             "0.2 ms of the host's CPU (remote/dist_cache.py). Before it (16:59): 3.05 s (2.89, 3.21), "
+             "each run 5.1 CPU-seconds "
              "on the 2 cores the lab's hosts share with the controller: the hosts 3.1 ms per host (three agent "
              "round trips: the attach check, the venv's inventory in its own kept agent, the GPU stack and the "
              "models in one sequence on the main agent), the controller 2.0 ms per host (5.5 at 1,000 before "
-             "the kept cuts); 212 KiB of peak RSS per host. Next cut: the stack sequence in the venv's agent "
-             "(one round trip fewer). Fresh: 31.4 s, the hosts' 52.6 ms per host (session start, agent, a venv "
-             "child); the controller 8.2 ms per host (18.1 at 32, 12.2 at 200: flat); every host answered. The "
+             "the kept cuts); 212 KiB of peak RSS per host. Fresh: 31.4 s, the hosts' 52.6 ms per host "
+             "(session start, agent, a venv child); the controller 8.2 ms per host (18.1 at 32, 12.2 at 200: "
+             "flat); every host answered. The "
              "14:31 failure of the earlier window (483 hosts: `the persistent-connection server closed the "
              "connection`) was the kernel's OOM killer taking the connection server (dmesg 14:35:31: python, "
              "148 MB RSS, 9.8 GB virtual): the server's two kept agents per host (the system python's and the "
-             "venv's, ~4 MiB each) and a fresh run's agent and venv child per host do not fit in 23.5 GiB beside "
+             "venv's, 6.5 MiB of PSS each after a kept drift, measured at 19:17; their sshd sessions 1.8) and a "
+             "fresh run's agent and venv child per host do not fit in 23.5 GiB beside "
              "the lab; at 1,000 the bench now runs each tool's rounds alone, the server stopped between them.",
 }
 # Dated before/after notes of cuts measured apart from the curves (kept facts and drift, issue 37).
