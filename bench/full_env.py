@@ -82,6 +82,7 @@ class FullEnv:
         self.samples: dict[str, list[Sample]] = {}
         self.saved = SAMPLES
         self.facts: dict[str, Any] = {}
+        self.command = ".venv/bin/python bench/full_env.py " + shlex.join(sys.argv[1:])
 
     # --- plumbing ---------------------------------------------------------------------------------
     @property
@@ -268,6 +269,11 @@ def median(xs: list[Sample], key: str = "seconds") -> float:
     return float(statistics.median(s[key] for s in xs if key in s))
 
 
+def known(line: str) -> list[str]:
+    """``line``, unless a step it needs did not run in this run (its figure is nan)."""
+    return [] if "nan" in line else [line]
+
+
 def report(bench: FullEnv, load: float) -> str:
     s, f = bench.samples, bench.facts
 
@@ -279,7 +285,7 @@ def report(bench: FullEnv, load: float) -> str:
         runs = ", ".join(f"{x['seconds']:.1f}" for x in xs)
         extra = " / ".join(f"{median(xs, k) / 1e6:,.1f} MB" if k == "bytes" else f"{median(xs, k):.0f} MB RSS"
                            for k in ("bytes", "rss_mb") if k in xs[0])
-        rows.append(f"| {name} | {median(xs):.2f} | {runs} | {extra} |")
+        rows.append(f"| {name.replace('|', chr(92) + '|')} | {median(xs):.2f} | {runs} | {extra} |")
     tar = med("ssh src tar -c | tee | ssh dst tar -x (2 targets, via controller)")
     ov, direct = med("venv overlay (2 targets, via controller)"), med("venv overlay --direct (2 targets)")
     again = "venv overlay again, nothing changed (2 targets)"
@@ -292,16 +298,18 @@ def report(bench: FullEnv, load: float) -> str:
     lines = [
         f"# The full SGLang 0.5.23 environment ({time.strftime('%Y-%m-%d')}): {f.get('dists')} distributions, "
         f"{gb:.2f} GB, {f.get('venv_files', 0):,} files", "",
-        f"Command: `.venv/bin/python bench/full_env.py --runs {bench.runs}` (3-host lab, 1 source and 2 targets, "
-        f"2-core machine, load average {load:.1f} at the start; medians of {bench.runs} runs)", "",
+        f"Command: {'; '.join(f'`{c}`' for c in f.get('commands') or [bench.command])} (3-host lab, 1 source "
+        f"and 2 targets, 2-core machine, load average {load:.1f} at the start; medians of every run of each row, "
+        "its runs listed)", "",
         "| what | median s | runs s | median bytes through the controller / controller peak RSS |",
         "|---|---:|---|---|", *rows, "",
-        f"- overlay / tar through the controller: {ov / tar:.2f}x (target: at most 1.0x); "
-        f"--direct / tar: {direct / tar:.2f}x",
-        f"- re-run with nothing changed: {med(again):.2f} s (target: under 3 s), "
-        f"{med(again, 'bytes') / 1e6:.3f} MB = {100 * med(again, 'bytes') / med(fresh, 'bytes'):.4f}% of the "
-        "fresh overlay's bytes (target: under 0.1%)",
-        f"- drift --verify-files warm: lab1 {warm['lab1']:.2f} s, lab2 {warm['lab2']:.2f} s (target: at most 1.5 s)",
+        *known(f"- overlay / tar through the controller: {ov / tar:.2f}x (target: at most 1.0x)"),
+        *known(f"- --direct / tar: {direct / tar:.2f}x"),
+        *known(f"- re-run with nothing changed: {med(again):.2f} s (target: under 3 s), "
+               f"{med(again, 'bytes') / 1e6:.3f} MB = {100 * med(again, 'bytes') / med(fresh, 'bytes'):.4f}% of the "
+               "fresh overlay's bytes (target: under 0.1%)"),
+        *known(f"- drift --verify-files warm: lab1 {warm['lab1']:.2f} s, lab2 {warm['lab2']:.2f} s "
+               "(target: at most 1.5 s)"),
         f"- controller peak RSS over every overlay: {max(overlays, default=float('nan')):.0f} MB "
         "(target: under 300 MB)",
         *[f"- release build {k[6:]}: {v}" for k, v in f.items() if k.startswith("build ")],
@@ -334,6 +342,7 @@ def main() -> int:
             saved = json.loads(bench.saved.read_text())
             bench.samples, bench.facts, bench.runs = saved["samples"], saved["facts"], saved["runs"]
         else:
+            bench.facts.setdefault("commands", []).append(bench.command)  # a resumed run adds its own
             bench.setup()
             for step in opts.steps.split(","):
                 print(f"== {step} (free disk {bench.disk_gb():.1f} GB)", flush=True)

@@ -543,3 +543,50 @@ def test_the_target_lands_each_file_with_its_mode_at_creation_and_no_chmod_the_u
         assert (st.st_mode & 0o7777, st.st_mtime, (site / rel).read_bytes()) == (mode, 1600000000, data[rel])
         assert cache[str(site / rel)] == [st.st_size, st.st_mtime_ns, st.st_ino, sha(data[rel]), None]
     assert not list(site.rglob("*.fleetctl-tmp*"))
+
+
+def test_a_cold_sources_listing_hashed_on_threads_answers_as_hashed_in_turn(tmp_path: Path) -> None:
+    """A fresh source hashes every file it lists (~25 s on one core for the 10 GB environment while the
+    other cores waited): those no cache answers for are now hashed ahead on threads, a large binary
+    from the file in chunks. The descriptions are the same as hashing them one at a time, a text file
+    naming the venv's prefix is still relocated, and the filled cache answers the next listing."""
+    src = remote("overlay_source")
+    prefix = tmp_path / "venv"
+    site = prefix / "lib" / "python3.11" / "site-packages"
+    info = site / "pkg-1.dist-info"
+    (site / "pkg").mkdir(parents=True)
+    info.mkdir()
+    blob = os.urandom(1 << 20)
+    files = {f"pkg/lib{i}.so": b"\x7fELF\0" + blob * (3 + i) for i in range(4)}  # 3-6 MiB binaries, 18 MiB
+    files["pkg/small.so"] = b"\x7fELF\0tiny"
+    files["pkg/__init__.py"] = b"x = 1\n"
+    files["pkg/paths.py"] = f"HOME = '{prefix}/share'\n".encode() + b"# pad\n" * 300_000  # text over 1 MiB
+    files["pkg-1.dist-info/METADATA"] = b"Name: pkg\nVersion: 1\n"
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+    rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    moved_to = "/srv/other-venv"
+
+    def listing(cache_dir: Path | None, ahead: bool) -> tuple[dict[str, Any], Any]:
+        cache = src["HashCache"](str(cache_dir) if cache_dir else None, str(prefix))
+        dist = src["Dist"](str(site), info.name, str(prefix), moved_to, cache)
+        if ahead:
+            src["hash_ahead"]([dist])
+            assert len(dist.ahead) == len(files)  # every file was hashed ahead, on threads
+        return src["describe"](dist, "pkg", "1"), cache
+
+    in_turn, _ = listing(None, ahead=False)
+    ahead, cache = listing(tmp_path / "cache", ahead=True)
+    assert ahead == in_turn
+    by_rel = {f[0]: f for f in ahead["files"]}
+    for rel, data in files.items():
+        if rel != "pkg/paths.py":
+            assert by_rel[rel][1:] == [sha(data), len(data), False]  # the bytes as they are
+    relocated = files["pkg/paths.py"].replace(str(prefix).encode(), moved_to.encode())
+    assert by_rel["pkg/paths.py"][1:] == [sha(relocated), len(relocated), True]
+    cache.save()
+    again = src["HashCache"](str(tmp_path / "cache"), str(prefix))
+    dist = src["Dist"](str(site), info.name, str(prefix), moved_to, again)
+    reads = [rel for rel, _d, _s in dist.rows if rel in files and dist.needs_reading(dist.located(rel))]
+    assert reads == ["pkg/paths.py"]  # the cache answers for every file but the one naming the prefix

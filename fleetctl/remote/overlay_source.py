@@ -3,6 +3,7 @@
 # fleetctl-include: writable
 # fleetctl-include: overlay_tar
 # fleetctl-include: overlay_calls
+# fleetctl-include: overlay_read
 # The source side of `fleetctl venv overlay`, run by the source venv's own python.
 #
 # Stdlib only, Python >= 3.8. Two entry points:
@@ -62,6 +63,7 @@ class Dist(object):
         self.regex = prefix_regex(prefix)
         self.cache = cache
         self.moved = {}  # rel -> (digest, size) of relocated files, so RECORD needs no second read
+        self.ahead = {}  # rel -> digest()'s answer, hashed ahead on a thread (hash_ahead)
         self.real_prefix, self.real_dirs = None, {}
 
     def skip(self, rel):
@@ -127,13 +129,28 @@ class Dist(object):
         if hit and hit[1] is False:  # None: hashed as a target, never checked for the prefix
             self.moved[rel] = None
             return hit[0], st.st_size, False
+        binary = binary_digest(path, st.st_size)  # a large binary: hashed from the file, never held whole
+        if binary is not None:
+            self.moved[rel] = None
+            if self.cache and not hit:
+                self.cache.store(path, st, binary[0], False)
+            return binary[0], binary[1], False
         data, moved = self.content(rel, path)
         if data is None:
             return None
+        digest = record_hash(data)[7:]
         if self.cache and not moved and not hit:
             names = is_text(data) and bool(self.regex.search(data))  # kept whatever the target path
-            self.cache.store(path, st, record_hash(data)[7:], names)
-        return record_hash(data)[7:], len(data), moved
+            self.cache.store(path, st, digest, names)
+        return digest, len(data), moved
+
+    def needs_reading(self, where):
+        """Whether describing this file reads it (the cache cannot answer for it)."""
+        path, st = where
+        if st is None:
+            return False
+        hit = self.cache.lookup(path, st) if self.cache else None
+        return not (hit and hit[1] is False)
 
     def record(self):
         """RECORD as the target gets it: no .pyc rows, relocated files rehashed, "\\n" line ends
@@ -167,7 +184,7 @@ def describe(dist, name, version):
         if where[0] is None:
             outside.append(rel)
             continue
-        found = dist.digest(rel, where)
+        found = dist.ahead.pop(rel) if rel in dist.ahead else dist.digest(rel, where)
         if found is None:
             missing.append(rel)
             continue
@@ -186,13 +203,13 @@ def describe(dist, name, version):
 DESCRIBED = None  # a stream process's descriptions, for its next call (the file lists after the listing)
 
 
-def described(info, entry, target, cache, name, version):
-    """describe() of one distribution; in a stream process, once for all its calls (it lives for one
-    overlay: what it listed first is what it sends)."""
+def described(info, entry, target, cache, name, version, dist=None):
+    """describe() of one distribution (``dist``: its Dist, when made already); in a stream process,
+    once for all its calls (it lives for one overlay: what it listed first is what it sends)."""
     key = (entry, target)
     if DESCRIBED is not None and key in DESCRIBED:
         return DESCRIBED[key]
-    found = describe(Dist(info["site"], entry, info["prefix"], target, cache), name, version)
+    found = describe(dist or Dist(info["site"], entry, info["prefix"], target, cache), name, version)
     if DESCRIBED is not None:
         DESCRIBED[key] = found
     return found
@@ -206,8 +223,12 @@ def main(params):
     target = (params.get("target_prefix") or info["prefix"]).rstrip("/")
     patterns = params.get("packages") or []
     cache = HashCache(user_cache_dir(params.get("cache_dir") or "/var/lib/fleetctl/cache", "cache"), info["prefix"])
-    dists = [dict(described(info, entry, target, cache, name, version))
-             for name, version, entry in dist_infos(info["site"]) if wanted(name, patterns)]
+    chosen = [(name, version, entry) for name, version, entry in dist_infos(info["site"]) if wanted(name, patterns)]
+    made = {entry: Dist(info["site"], entry, info["prefix"], target, cache) for _n, _v, entry in chosen
+            if DESCRIBED is None or (entry, target) not in DESCRIBED}
+    hash_ahead(list(made.values()))
+    dists = [dict(described(info, entry, target, cache, name, version, made.get(entry)))
+             for name, version, entry in chosen]
     cache.save()
     detail = params.get("files_for")  # names whose file lists the controller needs; None: all
     for dist in dists:
@@ -252,37 +273,6 @@ class Framer(object):
         self.emit()
         self.out.write(struct.pack(">I", 0))
         self.out.flush()
-
-
-LARGE = 1 << 20  # from this size a file is looked at first: a binary one is sent from the file
-CHUNK = 1 << 20
-
-
-def binary_file(path, size):
-    """A large file with a NUL byte in its first chunk: binary, never relocated (relocate.is_text),
-    so its bytes go as they are, without holding the whole file in memory."""
-    if size < LARGE:
-        return None
-    try:
-        handle = open(path, "rb")
-    except (IOError, OSError):
-        return None
-    if b"\0" in handle.read(CHUNK):
-        handle.seek(0)
-        return handle
-    handle.close()
-    return None
-
-
-def send_file(sink, rel, handle, size):
-    """A large binary's bytes from its open file, exactly the size its header gave."""
-    left = size
-    while left > 0:
-        chunk = handle.read(min(CHUNK, left))
-        if not chunk:
-            raise IOError("%s shrank on the source while sending" % rel)
-        sink.write(chunk)
-        left -= len(chunk)
 
 
 def stream_main():
