@@ -109,3 +109,21 @@ def test_a_process_asked_nothing_more_exits_quietly_and_a_missing_python_says_so
     out, err = missing.proc.communicate(timeout=60)
     assert missing.proc.returncode == 127 and out == b""
     assert err.decode().strip() == f"{calls.NO_PYTHON}: no python at {tmp_path / 'none' / 'bin' / 'python'}"
+
+
+def test_a_large_binarys_digest_is_read_in_chunks_and_a_text_small_or_missing_file_has_none(tmp_path: Path) -> None:
+    """The listing hashes a large binary from the file (it is sent as it is); a text file may be
+    relocated and a small one is read whole, so neither has a digest here, and a file that cannot be
+    opened has none either (read whole later, which says it is missing), not an error mid-listing."""
+    from fleetctl.transport.agent import module_source
+
+    ns: dict[str, Any] = {"__name__": "fleetctl_remote_test"}
+    exec(compile(module_source("overlay_read")[0], "overlay_read", "exec"), ns)  # noqa: S102 - our own host-side code
+    big = b"\x7fELF\0" + bytes(range(256)) * (5 << 12)
+    (tmp_path / "lib.so").write_bytes(big)
+    (tmp_path / "big.py").write_bytes(b"x = 1\n" * (1 << 18))
+    (tmp_path / "small.so").write_bytes(b"\0" * 100)
+    assert ns["binary_digest"](str(tmp_path / "lib.so"), len(big)) == (sha(big), len(big))
+    assert ns["binary_digest"](str(tmp_path / "big.py"), 6 << 18) is None
+    assert ns["binary_digest"](str(tmp_path / "small.so"), 100) is None
+    assert ns["binary_digest"](str(tmp_path / "gone.so"), len(big)) is None

@@ -39,23 +39,20 @@ def send_file(sink, rel, handle, size):
 
 
 def binary_digest(path, size):
-    """(urlsafe sha256, size) of a large binary file (a NUL in its first chunk: never relocated, as
-    the stream sends it), read in chunks; None for a small or a text file (read whole, as before)."""
-    if size < LARGE:
-        return None
+    """(urlsafe sha256, size) of a large binary file (binary_file's rule: never relocated, sent as it
+    is), read in chunks; None for a small or a text file, or one that cannot be read (then read whole,
+    as before, which says it is missing)."""
     try:
-        handle = open(path, "rb")
-    except (IOError, OSError):
-        return None
-    with handle:
-        chunk = handle.read(CHUNK)
-        if b"\0" not in chunk:
+        handle = binary_file(path, size)
+        if handle is None:
             return None
         h, total = hashlib.sha256(), 0
-        while chunk:
-            h.update(chunk)
-            total += len(chunk)
-            chunk = handle.read(CHUNK)
+        with handle:
+            for chunk in iter(lambda: handle.read(CHUNK), b""):
+                h.update(chunk)
+                total += len(chunk)
+    except (IOError, OSError):
+        return None
     return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode("ascii"), total
 
 
