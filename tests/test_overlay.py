@@ -545,6 +545,19 @@ def test_the_target_lands_each_file_with_its_mode_at_creation_and_no_chmod_the_u
     assert not list(site.rglob("*.fleetctl-tmp*"))
 
 
+def _one_dist_venv(prefix: Path, files: dict[str, bytes]) -> tuple[Path, Path]:
+    """A venv's site-packages holding one distribution, pkg 1, of ``files`` and their RECORD."""
+    site = prefix / "lib" / "python3.11" / "site-packages"
+    info = site / "pkg-1.dist-info"
+    (site / "pkg").mkdir(parents=True)
+    info.mkdir()
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+    rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    return site, info
+
+
 def test_a_cold_sources_listing_hashed_on_threads_answers_as_hashed_in_turn(tmp_path: Path) -> None:
     """A fresh source hashes every file it lists (~25 s on one core for the 10 GB environment while the
     other cores waited): those no cache answers for are now hashed ahead on threads, a large binary
@@ -552,20 +565,13 @@ def test_a_cold_sources_listing_hashed_on_threads_answers_as_hashed_in_turn(tmp_
     naming the venv's prefix is still relocated, and the filled cache answers the next listing."""
     src = remote("overlay_source")
     prefix = tmp_path / "venv"
-    site = prefix / "lib" / "python3.11" / "site-packages"
-    info = site / "pkg-1.dist-info"
-    (site / "pkg").mkdir(parents=True)
-    info.mkdir()
     blob = os.urandom(1 << 20)
     files = {f"pkg/lib{i}.so": b"\x7fELF\0" + blob * (3 + i) for i in range(4)}  # 3-6 MiB binaries, 18 MiB
     files["pkg/small.so"] = b"\x7fELF\0tiny"
     files["pkg/__init__.py"] = b"x = 1\n"
     files["pkg/paths.py"] = f"HOME = '{prefix}/share'\n".encode() + b"# pad\n" * 300_000  # text over 1 MiB
     files["pkg-1.dist-info/METADATA"] = b"Name: pkg\nVersion: 1\n"
-    for rel, data in files.items():
-        (site / rel).write_bytes(data)
-    rows = [f"{rel},sha256={sha(data)},{len(data)}" for rel, data in files.items()] + ["pkg-1.dist-info/RECORD,,"]
-    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    site, info = _one_dist_venv(prefix, files)
     moved_to = "/srv/other-venv"
 
     def listing(cache_dir: Path | None, ahead: bool) -> tuple[dict[str, Any], Any]:
@@ -590,3 +596,23 @@ def test_a_cold_sources_listing_hashed_on_threads_answers_as_hashed_in_turn(tmp_
     dist = src["Dist"](str(site), info.name, str(prefix), moved_to, again)
     reads = [rel for rel, _d, _s in dist.rows if rel in files and dist.needs_reading(dist.located(rel))]
     assert reads == ["pkg/paths.py"]  # the cache answers for every file but the one naming the prefix
+
+
+def test_a_listing_looks_each_file_up_once_for_hashing_ahead_and_describing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """hash_ahead and describe share one lookup per file (the full environment lists 76,042 files):
+    each is lstat'ed once in a listing, not once per pass."""
+    src = remote("overlay_source")
+    prefix = tmp_path / "venv"
+    files = {f"pkg/m{i}.py": f"X = {i}\n".encode() for i in range(5)}
+    files["pkg-1.dist-info/METADATA"] = b"Name: pkg\nVersion: 1\n"
+    site, info = _one_dist_venv(prefix, files)
+    dist = src["Dist"](str(site), info.name, str(prefix), str(prefix), None)
+    seen: list[str] = []
+    real = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda path, *a, **kw: seen.append(str(path)) or real(path, *a, **kw))
+    src["hash_ahead"]([dist])
+    described = src["describe"](dist, "pkg", "1")
+    assert sorted(f[0] for f in described["files"]) == sorted([*files, "pkg-1.dist-info/RECORD"])
+    wanted = {str(site / rel) for rel in files}
+    assert sorted(p for p in seen if p in wanted) == sorted(wanted)  # each file once (folders: realpath's)

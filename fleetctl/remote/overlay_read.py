@@ -63,15 +63,8 @@ def hash_ahead(dists):
     """The files no cache answers for, hashed on a few threads before the listing's loop (sha256 and
     reads let go of the GIL): a fresh source's first listing of a 10 GB venv was ~25 s on one core
     while the others waited. Each Dist keeps its answers (``ahead``) for describe()."""
-    todo = []
-    for dist in dists:
-        for rel, _digest, _size in dist.rows:
-            rel = os.path.normpath(rel)
-            if dist.skip(rel):
-                continue
-            where = dist.located(rel)
-            if where[0] is not None and dist.needs_reading(where):
-                todo.append((dist, rel, where))
+    todo = [(dist, rel, where) for dist in dists for rel, where in dist.places()
+            if where[0] is not None and dist.needs_reading(where)]
     workers = min(4, os.cpu_count() or 1)
     if workers < 2 or len(todo) < 2 or sum(w[1].st_size for _d, _r, w in todo) < AHEAD_MIN_BYTES:
         return

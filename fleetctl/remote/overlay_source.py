@@ -64,6 +64,7 @@ class Dist(object):
         self.cache = cache
         self.moved = {}  # rel -> (digest, size) of relocated files, so RECORD needs no second read
         self.ahead = {}  # rel -> digest()'s answer, hashed ahead on a thread (hash_ahead)
+        self.found = None  # places(): each file's lookup, shared by hash_ahead and describe
         self.real_prefix, self.real_dirs = None, {}
 
     def skip(self, rel):
@@ -100,6 +101,14 @@ class Dist(object):
         if (real + "/").startswith(self.real_prefix + "/") and real != self.real_prefix:
             return path, st
         return None, None
+
+    def places(self):
+        """(rel, located(rel)) of each file the listing describes, in RECORD order: looked up once,
+        for hash_ahead and describe both (one lstat per file, not two)."""
+        if self.found is None:
+            rels = (os.path.normpath(rel) for rel, _digest, _size in self.rows)
+            self.found = [(rel, self.located(rel)) for rel in rels if not self.skip(rel)]
+        return self.found
 
     def content(self, rel, path=None):
         """The bytes `rel` must have on the target, and whether they were relocated; None if absent."""
@@ -176,11 +185,7 @@ class Dist(object):
 
 def describe(dist, name, version):
     files, missing, outside, extensions = [], [], [], {}
-    for rel, _digest, _size in dist.rows:
-        rel = os.path.normpath(rel)
-        if dist.skip(rel):
-            continue
-        where = dist.located(rel)
+    for rel, where in dist.places():
         if where[0] is None:
             outside.append(rel)
             continue
