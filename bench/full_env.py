@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -269,9 +270,9 @@ def median(xs: list[Sample], key: str = "seconds") -> float:
     return float(statistics.median(s[key] for s in xs if key in s))
 
 
-def known(line: str) -> list[str]:
-    """``line``, unless a step it needs did not run in this run (its figure is nan)."""
-    return [] if "nan" in line else [line]
+def known(line: str, *figures: float) -> list[str]:
+    """``line``, unless a step it needs did not run in this run (one of its figures is nan)."""
+    return [] if any(math.isnan(x) for x in figures) else [line]
 
 
 def report(bench: FullEnv, load: float) -> str:
@@ -303,13 +304,13 @@ def report(bench: FullEnv, load: float) -> str:
         "its runs listed)", "",
         "| what | median s | runs s | median bytes through the controller / controller peak RSS |",
         "|---|---:|---|---|", *rows, "",
-        *known(f"- overlay / tar through the controller: {ov / tar:.2f}x (target: at most 1.0x)"),
-        *known(f"- --direct / tar: {direct / tar:.2f}x"),
+        *known(f"- overlay / tar through the controller: {ov / tar:.2f}x (target: at most 1.0x)", ov, tar),
+        *known(f"- --direct / tar: {direct / tar:.2f}x", direct, tar),
         *known(f"- re-run with nothing changed: {med(again):.2f} s (target: under 3 s), "
                f"{med(again, 'bytes') / 1e6:.3f} MB = {100 * med(again, 'bytes') / med(fresh, 'bytes'):.4f}% of the "
-               "fresh overlay's bytes (target: under 0.1%)"),
+               "fresh overlay's bytes (target: under 0.1%)", med(again), med(again, "bytes"), med(fresh, "bytes")),
         *known(f"- drift --verify-files warm: lab1 {warm['lab1']:.2f} s, lab2 {warm['lab2']:.2f} s "
-               "(target: at most 1.5 s)"),
+               "(target: at most 1.5 s)", *warm.values()),
         f"- controller peak RSS over every overlay: {max(overlays, default=float('nan')):.0f} MB "
         "(target: under 300 MB)",
         *[f"- release build {k[6:]}: {v}" for k, v in f.items() if k.startswith("build ")],
