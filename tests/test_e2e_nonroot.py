@@ -251,3 +251,33 @@ def test_service_user_runs_the_server_as_fleetop(nonroot_lab: LabHandle, tmp_pat
         assert "\nUser=fleetop\n" in unit(load_spec(spec), HostLayout())  # the systemd form of the same
     finally:
         nonroot_lab.ssh("lab3", stop)
+
+
+def test_kept_drift_as_fleetop_answers_as_fresh_and_sees_a_version_changed_between_commands(
+        nonroot_lab: LabHandle, tmp_path: Path, mux_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Production's shape, no become: fleetop's dist cache is its own private file, which its kept
+    agent remembers between commands; the kept answers are the fresh one, and a distribution's
+    version changed between two kept commands is seen by the next."""
+    from fleetctl.transport import mux
+
+    inv = user_inventory(nonroot_lab, tmp_path / "inv.yml")
+    meta = f"{ENV}/lib/python3.11/site-packages/nonrootpkg-1.0.dist-info/METADATA"
+
+    def audit(*persist: str) -> dict:  # type: ignore[type-arg]
+        r = cli(capsys, inv, *persist, "-l", "lab1,lab2", "drift", "--venv", ENV, "--json")
+        assert r.rc == 1, r.out + r.err  # lab2 lacks nonrootpkg: a drift, not a failure
+        return {row["name"]: [c["text"] for c in row["cells"]] for row in r.json()["matrix"]["rows"]}
+
+    fresh = audit()
+    assert fresh == {"nonrootpkg": ["1.0", "1.0", "-"]}  # baseline (lab1), lab1, lab2
+    assert [audit("--persist", "60") for _ in range(2)] == [fresh, fresh]
+    listed = mux.server_status(mux.socket_path(mux_dir)) or []
+    assert sorted(c["address"].split("@")[0] for c in listed) == ["fleetop", "fleetop"]  # the kept path
+    cached = nonroot_lab.ssh("lab1", "ls /home/fleetop/.cache/fleetctl/cache", user="fleetop").stdout.split()
+    assert [n for n in cached if n.startswith("dists-")], cached  # fleetop's own dist cache
+    nonroot_lab.ssh("lab1", f"sed -i 's/^Version: 1.0$/Version: 1.1/' {meta}")
+    try:
+        changed = audit("--persist", "60")
+    finally:
+        nonroot_lab.ssh("lab1", f"sed -i 's/^Version: 1.1$/Version: 1.0/' {meta}")
+    assert changed == {"nonrootpkg": ["1.1", "1.1", "-"]}
